@@ -1,0 +1,44 @@
+# bulk-recorder: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install lint test test-unit demo run bench soak clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# Unit, integration (real RabbitMQ + PostgreSQL) and fault suites.
+test: lint
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+
+# The main job end to end on the local services: 300,000 records, then a checked summary.
+demo: $(STAMP)
+	$(BIN)/bulk-recorder demo --count 300000
+
+# Run the recorder in the foreground (Ctrl-C stops it cleanly).
+run: $(STAMP)
+	$(BIN)/bulk-recorder consume
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run_all
+
+soak: $(STAMP)
+	SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/faults
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

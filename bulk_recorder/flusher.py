@@ -1,0 +1,227 @@
+"""Flusher: turns a batch of buffered deliveries into committed rows, then settles each delivery.
+
+- Commit first, then ack each delivery on its own; the settle step is shielded from
+  cancellation so that "committed but not acked" can only come from a crash or a dead channel
+  (and is absorbed by redelivery and the idempotent insert).
+- A batch that PostgreSQL refuses for its data is bisected: every good half is committed and
+  acked, only the offending rows are rejected (requeued, so their delivery count grows); on
+  their last allowed delivery they are dead-lettered with the database's reason.
+- A transient failure (outage) is retried with capped exponential backoff and jitter; nothing
+  is rejected or dead-lettered. Past ``release_after_s`` the batch is released (nack, requeue)
+  so the broker's consumer timeout never fires, and the owner is told to pause intake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from bulk_recorder.errors import DataRejected, TransientDbError
+from bulk_recorder.metrics import Metrics
+from bulk_recorder.records import Record
+from bulk_recorder.writer import Writer, WriteResult
+
+log = logging.getLogger(__name__)
+
+
+class Delivery(Protocol):
+    """One broker delivery as the flusher sees it. Each call returns False when the delivery's
+    channel is gone (its tag is then meaningless: the broker redelivers the message)."""
+
+    @property
+    def delivery_count(self) -> int:
+        """How many times the broker delivered this message before (x-delivery-count)."""
+        ...
+
+    def alive(self) -> bool: ...
+
+    async def ack(self) -> bool: ...
+
+    async def reject(self) -> bool:
+        """Reject with requeue: the message comes back and its delivery count grows."""
+        ...
+
+    async def release(self) -> bool:
+        """Nack with requeue: hand the message back without judging it."""
+        ...
+
+    async def dead_letter(self, reason: str) -> bool:
+        """Publish to the dead-letter exchange with the reason, then ack."""
+        ...
+
+
+@dataclass(slots=True)
+class Pending:
+    """A decoded record and the delivery that brought it."""
+
+    record: Record
+    delivery: Delivery
+
+
+class Released(Exception):
+    """A transient failure outlasted ``release_after_s``: the batch goes back to the broker."""
+
+
+@dataclass(slots=True)
+class _Outcome:
+    committed: list[Pending] = field(default_factory=list)
+    poison: list[tuple[Pending, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Capped exponential backoff with full jitter."""
+
+    base_s: float = 0.05
+    cap_s: float = 5.0
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.cap_s, self.base_s * (2 ** min(attempt, 30))))
+
+
+class Flusher:
+    def __init__(
+        self,
+        writer: Writer,
+        metrics: Metrics,
+        *,
+        delivery_limit: int,
+        release_after_s: float,
+        backoff: Backoff | None = None,
+        on_outage: Callable[[bool], None] | None = None,
+        on_release: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._writer = writer
+        self._metrics = metrics
+        self._delivery_limit = delivery_limit
+        self._release_after_s = release_after_s
+        self._backoff = backoff or Backoff()
+        self._on_outage = on_outage
+        self._on_release = on_release
+        self._outage_since: float | None = None
+
+    @property
+    def in_outage(self) -> bool:
+        return self._outage_since is not None
+
+    async def process(self, batch: list[Pending], reason: str) -> None:
+        """Write one batch and settle every delivery in it. Never raises for data or outages."""
+        metrics = self._metrics
+        metrics.flushes.labels(reason=reason).inc()
+        metrics.flush_size.observe(len(batch))
+        live = [p for p in batch if p.delivery.alive()]
+        if len(live) != len(batch):
+            self._dropped(len(batch) - len(live))
+            metrics.buffer_messages.dec(len(batch) - len(live))
+        outcome = _Outcome()
+        released: list[Pending] = []
+        started = time.perf_counter()
+        try:
+            if live:
+                await self._isolate(live, outcome)
+        except Released:
+            settled = {id(p) for p in outcome.committed} | {id(p) for p, _ in outcome.poison}
+            released = [p for p in live if id(p) not in settled]
+        await asyncio.shield(self._settle(outcome, released))
+        metrics.flush_duration.observe(time.perf_counter() - started)
+        if released and self._on_release is not None:
+            await self._on_release()
+
+    async def _isolate(self, items: list[Pending], outcome: _Outcome) -> None:
+        try:
+            result = await self._write_with_retry([p.record for p in items])
+        except DataRejected as exc:
+            if len(items) == 1:
+                log.warning("row %s refused by PostgreSQL: %s", items[0].record.id, exc.reason)
+                outcome.poison.append((items[0], exc.reason))
+                return
+            self._metrics.fallback.inc()
+            mid = len(items) // 2
+            await self._isolate(items[:mid], outcome)
+            await self._isolate(items[mid:], outcome)
+            return
+        self._count_rows(result)
+        outcome.committed.extend(items)
+
+    async def _write_with_retry(self, records: Sequence[Record]) -> WriteResult:
+        attempt = 0
+        while True:
+            try:
+                result = await self._writer.write(records)
+            except TransientDbError as exc:
+                now = time.monotonic()
+                if self._outage_since is None:
+                    self._outage_since = now
+                    self._metrics.paused.set(1)
+                    log.warning("database unavailable, retrying with backoff: %s", exc)
+                    if self._on_outage is not None:
+                        self._on_outage(True)
+                if now - self._outage_since >= self._release_after_s:
+                    log.warning(
+                        "database still unavailable after %.0f s: releasing %d deliveries",
+                        now - self._outage_since,
+                        len(records),
+                    )
+                    raise Released from exc
+                self._metrics.db_retries.inc()
+                await asyncio.sleep(self._backoff.delay(attempt))
+                attempt += 1
+                continue
+            if self._outage_since is not None:
+                log.info("database available again")
+                self.recovered()
+            return result
+
+    def recovered(self) -> None:
+        """Leave outage mode (a write or a probe succeeded)."""
+        if self._outage_since is None:
+            return
+        self._outage_since = None
+        self._metrics.paused.set(0)
+        if self._on_outage is not None:
+            self._on_outage(False)
+
+    async def _settle(self, outcome: _Outcome, released: list[Pending]) -> None:
+        metrics = self._metrics
+        acked = dropped = 0
+        for p in outcome.committed:
+            if await p.delivery.ack():
+                acked += 1
+            else:
+                dropped += 1
+        metrics.messages_acked.inc(acked)
+        for p, reason in outcome.poison:
+            delivery = p.delivery
+            if delivery.delivery_count + 1 >= self._delivery_limit:
+                if await delivery.dead_letter(f"database refused the row: {reason}"):
+                    metrics.messages_dead_lettered.labels(reason="database").inc()
+                else:
+                    dropped += 1
+            elif await delivery.reject():
+                metrics.messages_rejected.inc()
+            else:
+                dropped += 1
+        for p in released:
+            if await p.delivery.release():
+                metrics.messages_released.inc()
+            else:
+                dropped += 1
+        if dropped:
+            self._dropped(dropped)
+        metrics.buffer_messages.dec(len(outcome.committed) + len(outcome.poison) + len(released))
+
+    def _dropped(self, count: int) -> None:
+        self._metrics.messages_dropped.inc(count)
+        log.info("%d deliveries of a closed channel dropped; the broker redelivers them", count)
+
+    def _count_rows(self, result: WriteResult) -> None:
+        metrics = self._metrics
+        for table, counts in result.tables.items():
+            metrics.rows_attempted.labels(table=table).inc(counts.attempted)
+            metrics.rows_inserted.labels(table=table).inc(counts.inserted)
+            metrics.rows_ignored.labels(table=table).inc(counts.ignored)

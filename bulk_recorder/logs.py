@@ -1,0 +1,51 @@
+"""Logging set-up: one ``dictConfig`` for the process, text for people, JSON for containers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.config
+from datetime import UTC, datetime
+from typing import Any
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and the traceback if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            payload["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(payload, ensure_ascii=False)
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+    formatter = (
+        {"()": JsonFormatter}
+        if fmt == "json"
+        else {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"}
+    )
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "disable_existing_loggers": False,
+            "formatters": {"default": formatter},
+            "handlers": {
+                "stderr": {
+                    "class": "logging.StreamHandler",
+                    "formatter": "default",
+                    "stream": "ext://sys.stderr",
+                }
+            },
+            "root": {"handlers": ["stderr"], "level": level},
+            "loggers": {
+                "aiormq": {"level": "WARNING"},
+                "aio_pika": {"level": "WARNING"},
+            },
+        }
+    )

@@ -1,0 +1,283 @@
+"""PgWriter: one DB transaction a flush, ids sorted, bounded chunks, idempotent inserts.
+
+Each flush:
+1. drops records repeated inside the flush (same id: the first wins, the rest count as ignored),
+2. sorts every table's rows by key so that concurrent writers take row locks in one order,
+3. inserts in chunks of at most ``rows_per_insert(columns)`` rows with ``unnest`` arrays and
+   ``ON CONFLICT (id) DO NOTHING RETURNING id``,
+4. inserts operations only for transactions the insert reported as new (so an operation id that
+   belongs to another transaction is a real conflict, surfaced as a data error), and applies
+   balance deltas for those same transactions, aggregated per (account, asset) and in key order,
+5. commits once. A redelivered message therefore changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from bulk_recorder.errors import classify
+from bulk_recorder.records import CreditAnnotation, Record, Transaction
+
+log = logging.getLogger(__name__)
+
+Connection = asyncpg.Connection | PoolConnectionProxy
+
+PG_MAX_PARAMETERS = 65_535
+MAX_ROWS_PER_INSERT = 1_000
+
+TRANSACTION_COLUMNS = (
+    "id",
+    "organization_id",
+    "ledger_id",
+    "description",
+    "status",
+    "asset_code",
+    "amount",
+    "created_at",
+    "metadata",
+)
+OPERATION_COLUMNS = (
+    "id",
+    "transaction_id",
+    "account_id",
+    "type",
+    "amount",
+    "asset_code",
+    "created_at",
+)
+ANNOTATION_COLUMNS = (
+    "id",
+    "job_id",
+    "document",
+    "document_type",
+    "kind",
+    "creditor",
+    "amount",
+    "occurred_on",
+    "reason",
+)
+
+_INSERT_TRANSACTIONS = """
+INSERT INTO transactions (id, organization_id, ledger_id, description, status, asset_code,
+                          amount, created_at, metadata)
+SELECT u.id, u.organization_id, u.ledger_id, u.description, u.status, u.asset_code, u.amount,
+       coalesce(u.created_at, now()), u.metadata
+FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+            $7::numeric[], $8::timestamptz[], $9::jsonb[])
+     AS u(id, organization_id, ledger_id, description, status, asset_code, amount, created_at,
+          metadata)
+ON CONFLICT (id) DO NOTHING
+RETURNING id::text
+"""
+
+_INSERT_OPERATIONS = """
+INSERT INTO operations (id, transaction_id, account_id, type, amount, asset_code, created_at)
+SELECT u.id, u.transaction_id, u.account_id, u.type, u.amount, u.asset_code,
+       coalesce(u.created_at, now())
+FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::numeric[], $6::text[],
+            $7::timestamptz[])
+     AS u(id, transaction_id, account_id, type, amount, asset_code, created_at)
+"""
+
+_APPLY_BALANCES = """
+INSERT INTO balances AS b (account_id, asset_code, available)
+SELECT u.account_id, u.asset_code, u.delta
+FROM unnest($1::uuid[], $2::text[], $3::numeric[]) AS u(account_id, asset_code, delta)
+ON CONFLICT (account_id, asset_code)
+DO UPDATE SET available = b.available + EXCLUDED.available, updated_at = now()
+"""
+
+_INSERT_ANNOTATIONS = """
+INSERT INTO credit_annotations (id, job_id, document, document_type, kind, creditor, amount,
+                                occurred_on, reason)
+SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
+                     $7::numeric[], $8::date[], $9::text[])
+ON CONFLICT (id) DO NOTHING
+RETURNING id::text
+"""
+
+
+def rows_per_insert(columns: int, setting: int = MAX_ROWS_PER_INSERT) -> int:
+    """Rows per INSERT: the setting, capped by 1000 and by the 65,535-parameter limit."""
+    if columns < 1:
+        raise ValueError("columns must be >= 1")
+    return max(1, min(setting, MAX_ROWS_PER_INSERT, PG_MAX_PARAMETERS // columns))
+
+
+def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Consecutive slices of at most ``size`` items."""
+    if size < 1:
+        raise ValueError("size must be >= 1")
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def dedupe_sorted(records: Sequence[Record]) -> tuple[list[Record], int]:
+    """Records sorted by id with repeats removed (first occurrence wins); and the repeat count."""
+    seen: dict[str, Record] = {}
+    for record in records:
+        seen.setdefault(record.id, record)
+    unique = sorted(seen.values(), key=_record_id)
+    return unique, len(records) - len(unique)
+
+
+def _record_id(record: Record) -> str:
+    return record.id
+
+
+@dataclass(slots=True)
+class TableCounts:
+    attempted: int = 0
+    inserted: int = 0
+    ignored: int = 0
+
+
+@dataclass(slots=True)
+class WriteResult:
+    """Row counts of one committed flush, per table."""
+
+    tables: dict[str, TableCounts] = field(default_factory=dict)
+
+    def table(self, name: str) -> TableCounts:
+        counts = self.tables.get(name)
+        if counts is None:
+            counts = self.tables[name] = TableCounts()
+        return counts
+
+
+class Writer(Protocol):
+    """What the flusher needs from storage. Raises DataRejected or TransientDbError."""
+
+    async def write(self, records: Sequence[Record]) -> WriteResult: ...
+
+
+class PgWriter:
+    """Writes a flush in one PostgreSQL transaction (see the module docstring)."""
+
+    def __init__(self, pool: asyncpg.Pool, *, max_rows_per_insert: int = MAX_ROWS_PER_INSERT):
+        self._pool = pool
+        self._tx_rows = rows_per_insert(len(TRANSACTION_COLUMNS), max_rows_per_insert)
+        self._op_rows = rows_per_insert(len(OPERATION_COLUMNS), max_rows_per_insert)
+        self._ann_rows = rows_per_insert(len(ANNOTATION_COLUMNS), max_rows_per_insert)
+
+    async def write(self, records: Sequence[Record]) -> WriteResult:
+        transactions: list[Record] = []
+        annotations: list[Record] = []
+        for record in records:
+            (transactions if isinstance(record, Transaction) else annotations).append(record)
+        result = WriteResult()
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                if transactions:
+                    await self._write_transactions(conn, transactions, result)
+                if annotations:
+                    await self._write_annotations(conn, annotations, result)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            raise classify(exc) from exc
+        return result
+
+    async def _write_transactions(
+        self, conn: Connection, records: list[Record], result: WriteResult
+    ) -> None:
+        unique, _ = dedupe_sorted(records)
+        txs: list[Transaction] = [r for r in unique if isinstance(r, Transaction)]
+        new_ids: set[str] = set()
+        for chunk in chunked(txs, self._tx_rows):
+            rows = await conn.fetch(
+                _INSERT_TRANSACTIONS,
+                [t.id for t in chunk],
+                [t.organization_id for t in chunk],
+                [t.ledger_id for t in chunk],
+                [t.description for t in chunk],
+                [t.status for t in chunk],
+                [t.asset_code for t in chunk],
+                [t.amount for t in chunk],
+                [t.created_at for t in chunk],
+                [t.metadata for t in chunk],
+            )
+            new_ids.update(row[0] for row in rows)
+        counts = result.table("transactions")
+        counts.attempted += len(records)
+        counts.inserted += len(new_ids)
+        counts.ignored += len(records) - len(new_ids)
+        if not new_ids:
+            return
+        fresh = [t for t in txs if t.id in new_ids]
+        operations = sorted(
+            ((op, t) for t in fresh for op in t.operations), key=lambda pair: pair[0].id
+        )
+        for chunk in chunked(operations, self._op_rows):
+            await conn.execute(
+                _INSERT_OPERATIONS,
+                [op.id for op, _ in chunk],
+                [t.id for _, t in chunk],
+                [op.account_id for op, _ in chunk],
+                [op.type for op, _ in chunk],
+                [op.amount for op, _ in chunk],
+                [op.asset_code for op, _ in chunk],
+                [t.created_at for _, t in chunk],
+            )
+        ops = result.table("operations")
+        ops.attempted += len(operations)
+        ops.inserted += len(operations)
+        deltas = balance_deltas(fresh)
+        if deltas:
+            keys = sorted(deltas)
+            for chunk in chunked(keys, rows_per_insert(3)):
+                await conn.execute(
+                    _APPLY_BALANCES,
+                    [k[0] for k in chunk],
+                    [k[1] for k in chunk],
+                    [deltas[k] for k in chunk],
+                )
+            bal = result.table("balances")
+            bal.attempted += len(keys)
+            bal.inserted += len(keys)
+
+    async def _write_annotations(
+        self, conn: Connection, records: list[Record], result: WriteResult
+    ) -> None:
+        unique, _ = dedupe_sorted(records)
+        anns: list[CreditAnnotation] = [r for r in unique if isinstance(r, CreditAnnotation)]
+        inserted = 0
+        for chunk in chunked(anns, self._ann_rows):
+            rows = await conn.fetch(
+                _INSERT_ANNOTATIONS,
+                [a.id for a in chunk],
+                [a.job_id for a in chunk],
+                [a.document for a in chunk],
+                [a.document_type for a in chunk],
+                [a.kind for a in chunk],
+                [a.creditor for a in chunk],
+                [a.amount for a in chunk],
+                [a.occurred_on for a in chunk],
+                [a.reason for a in chunk],
+            )
+            inserted += len(rows)
+        counts = result.table("credit_annotations")
+        counts.attempted += len(records)
+        counts.inserted += inserted
+        counts.ignored += len(records) - inserted
+
+
+def balance_deltas(transactions: Sequence[Transaction]) -> dict[tuple[str, str], Decimal]:
+    """Net balance change per (account_id, asset_code): credits add, debits subtract.
+
+    Only APPROVED transactions move balances; PENDING and CANCELED ones are recorded only.
+    """
+    deltas: dict[tuple[str, str], Decimal] = {}
+    for t in transactions:
+        if t.status != "APPROVED":
+            continue
+        for op in t.operations:
+            key = (op.account_id, op.asset_code)
+            signed = op.amount if op.type == "CREDIT" else -op.amount
+            deltas[key] = deltas.get(key, Decimal(0)) + signed
+    return deltas

@@ -1,0 +1,1 @@
+"""The bulk-recorder service: broker topology, deliveries, lifecycle and entrypoint."""

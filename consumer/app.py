@@ -1,0 +1,381 @@
+"""The recorder's lifecycle: connect, consume, collect, flush, pause on outages, shut down in order.
+
+One aio-pika connection (re-established by :meth:`Recorder._broker_loop` after any loss) carries
+a consumer channel with QoS ``settings.channel_prefetch`` and a confirm channel for dead letters.
+Every delivery is decoded at once: an invalid one is dead-lettered with its reason and acked; a
+valid one goes into the single shared :class:`BulkCollector`. Finished batches are written by
+``RABBITMQ_NUMBERS_OF_WORKERS`` flush workers, each with its own database connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import aio_pika
+import aiormq
+import asyncpg
+from aiormq.abc import AbstractChannel, DeliveredMessage
+
+from bulk_recorder.collector import BulkCollector
+from bulk_recorder.flusher import Backoff, Flusher, Pending
+from bulk_recorder.metrics import Metrics
+from bulk_recorder.migrate import migrate
+from bulk_recorder.records import RecordError, decode
+from bulk_recorder.writer import PgWriter, rows_per_insert
+from consumer.delivery import AmqpDelivery, DeadLetterer
+from consumer.health import HealthServer
+from consumer.topology import Topology, declare_topology
+from settings import Settings
+
+log = logging.getLogger(__name__)
+
+_BROKER_ERRORS = (
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+    RuntimeError,
+)
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+Batch = tuple[list[Pending], str]
+
+
+def dead_letter_class(reason: str) -> str:
+    """A low-cardinality label for ``messages_dead_lettered_total{reason}``."""
+    if reason.startswith(("body", "invalid JSON", "nesting")):
+        return "decode"
+    if reason.startswith(("missing type", "unknown type")):
+        return "type"
+    return "validation"
+
+
+class Recorder:
+    """The bulk recorder service. ``run(stop)`` returns after an orderly shutdown."""
+
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.topology = Topology.from_settings(settings)
+        self._batches: asyncio.Queue[Batch] = asyncio.Queue()
+        self._collector: BulkCollector[Pending] = BulkCollector(
+            settings.effective_batch_size, settings.flush_timeout_s, self._enqueue
+        )
+        self._pool: asyncpg.Pool | None = None
+        self._flusher: Flusher | None = None
+        self._channel: AbstractChannel | None = None
+        self._consumer_tag: str | None = None
+        self._dead_letterer: DeadLetterer | None = None
+        self._broker_ok = False
+        self._db_ok = False
+        self._intake = asyncio.Event()
+        self._intake.set()
+        self._stopping = False
+        self._pause_task: asyncio.Task[None] | None = None
+        self._consume_lock = asyncio.Lock()
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self.health: HealthServer | None = None
+
+    # -- readiness ------------------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        broker = "up" if self._broker_ok else "down"
+        database = "up" if self._db_ok else "down"
+        return self._broker_ok and self._db_ok, f"broker {broker}, database {database}"
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def log_configuration(self) -> None:
+        s = self.settings
+        if s.bulk_mode_active:
+            log.info("Bulk mode is ACTIVE")
+        else:
+            log.info(
+                "Bulk mode is INACTIVE (%s): one message, one transaction, one ack",
+                s.bulk_mode_reason,
+            )
+        log.info(
+            "Bulk mode configured for consumer: size=%d timeout_ms=%d workers=%d prefetch=%d "
+            "channel_prefetch=%d rows_per_insert=%d queue=%s",
+            s.effective_batch_size,
+            s.bulk_recorder_flush_timeout_ms,
+            s.rabbitmq_numbers_of_workers,
+            s.rabbitmq_numbers_of_prefetch,
+            s.channel_prefetch,
+            rows_per_insert(9, s.bulk_recorder_max_rows_per_insert),
+            s.rabbitmq_queue,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        self.log_configuration()
+        if s.metrics_port:
+            self.health = HealthServer(self.metrics.registry, self.ready, "0.0.0.0", s.metrics_port)
+            await self.health.start()
+        workers: list[asyncio.Task[None]] = []
+        try:
+            if not await self._connect_database(stop):
+                return
+            assert self._pool is not None
+            self._flusher = Flusher(
+                PgWriter(self._pool, max_rows_per_insert=s.bulk_recorder_max_rows_per_insert),
+                self.metrics,
+                delivery_limit=s.rabbitmq_delivery_limit,
+                release_after_s=s.bulk_recorder_release_after_s,
+                backoff=Backoff(),
+                on_outage=self._on_outage,
+                on_release=self._on_release,
+            )
+            workers = [
+                asyncio.create_task(self._flush_worker(), name=f"flush-worker-{i}")
+                for i in range(s.rabbitmq_numbers_of_workers)
+            ]
+            await self._broker_loop(stop)
+        finally:
+            await self._shutdown(workers)
+
+    async def _connect_database(self, stop: asyncio.Event) -> bool:
+        """Migrate and open the pool, retrying while the database is not there yet."""
+        backoff = Backoff(base_s=0.2, cap_s=5.0)
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await migrate(self.settings.database_url)
+                self._pool = await asyncpg.create_pool(
+                    self.settings.database_url,
+                    min_size=1,
+                    max_size=self.settings.rabbitmq_numbers_of_workers + 1,
+                    command_timeout=60,
+                )
+                self._db_ok = True
+                return True
+            except _DB_ERRORS as exc:
+                log.warning("database not reachable yet (%s); retrying", exc)
+                await _wait(stop, backoff.delay(attempt))
+                attempt += 1
+        return False
+
+    async def _broker_loop(self, stop: asyncio.Event) -> None:
+        backoff = Backoff(base_s=0.2, cap_s=5.0)
+        attempt = 0
+        connected_before = False
+        while not stop.is_set():
+            connection: aio_pika.abc.AbstractConnection | None = None
+            channel: AbstractChannel | None = None
+            try:
+                connection = await aio_pika.connect(self.settings.rabbitmq_url, timeout=10)
+                consume_channel = await connection.channel(publisher_confirms=False)
+                await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
+                await declare_topology(consume_channel, self.topology)
+                dl_channel = await connection.channel(publisher_confirms=True)
+                dlx = await dl_channel.get_exchange(self.topology.dead_letter_exchange)
+                self._dead_letterer = DeadLetterer(dlx)
+                channel = await consume_channel.get_underlay_channel()
+                self._connection = connection
+                self._channel = channel
+                if connected_before:
+                    self.metrics.broker_reconnects.inc()
+                connected_before = True
+                attempt = 0
+                self._broker_ok = True
+                log.info("consuming from %s", self.topology.queue)
+                await self._wait_and_consume(stop, connection, channel)
+            except _BROKER_ERRORS as exc:
+                log.warning("broker connection failed: %s", exc)
+                log.debug("broker failure", exc_info=True)
+            finally:
+                self._broker_ok = False
+                if channel is not None and not stop.is_set():
+                    self._drop_channel(channel)
+                if connection is not None and not stop.is_set():
+                    with contextlib.suppress(*_BROKER_ERRORS):
+                        await connection.close()
+            if stop.is_set():
+                break
+            await _wait(stop, backoff.delay(attempt))
+            attempt += 1
+
+    async def _wait_and_consume(
+        self,
+        stop: asyncio.Event,
+        connection: aio_pika.abc.AbstractConnection,
+        channel: AbstractChannel,
+    ) -> None:
+        """Consume (unless intake is paused); return on stop or when the connection dies."""
+        await self._start_consuming()
+        closed = asyncio.ensure_future(connection.closed())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait(
+                {closed, channel.closing, stopped}, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for fut in (closed, stopped):
+                fut.cancel()
+
+    async def _start_consuming(self) -> None:
+        """basic.consume on the current channel, once, and only while intake is allowed."""
+        async with self._consume_lock:
+            channel = self._channel
+            if (
+                not self._intake.is_set()
+                or self._stopping
+                or channel is None
+                or channel.is_closed
+                or self._consumer_tag is not None
+            ):
+                return
+            ok = await channel.basic_consume(self.topology.queue, self._on_message, no_ack=False)
+            self._consumer_tag = ok.consumer_tag
+
+    async def _stop_consuming(self) -> None:
+        async with self._consume_lock:
+            channel, tag = self._channel, self._consumer_tag
+            self._consumer_tag = None
+            if channel is not None and tag is not None and not channel.is_closed:
+                with contextlib.suppress(*_BROKER_ERRORS):
+                    await channel.basic_cancel(tag)
+
+    def _drop_channel(self, channel: AbstractChannel) -> None:
+        """Forget buffered deliveries of a dead channel: their tags cannot be acked elsewhere."""
+        dropped = self._collector.drop(lambda p: getattr(p.delivery, "channel", None) is channel)
+        if dropped:
+            self.metrics.messages_dropped.inc(len(dropped))
+            self.metrics.buffer_messages.dec(len(dropped))
+            log.info("dropped %d buffered deliveries of the closed channel", len(dropped))
+        if self._channel is channel:
+            self._channel = None
+            self._consumer_tag = None
+
+    # -- the hot path -----------------------------------------------------------------------
+
+    async def _on_message(self, message: DeliveredMessage) -> None:
+        metrics = self.metrics
+        metrics.messages_received.inc()
+        metrics.buffer_messages.inc()
+        channel = message.channel
+        dead_letterer = self._dead_letterer
+        assert dead_letterer is not None
+        delivery = AmqpDelivery(channel, message, dead_letterer)
+        try:
+            record = decode(
+                message.body,
+                message.header.properties.message_type,
+                max_bytes=self.settings.bulk_recorder_max_message_bytes,
+            )
+        except RecordError as exc:
+            await self._dead_letter_invalid(delivery, exc.reason)
+            return
+        self._collector.add(Pending(record, delivery))
+
+    async def _dead_letter_invalid(self, delivery: AmqpDelivery, reason: str) -> None:
+        log.info("dead-lettering an invalid message: %s", reason)
+        try:
+            ok = await asyncio.shield(delivery.dead_letter(reason))
+        finally:
+            self.metrics.buffer_messages.dec()
+        if ok:
+            self.metrics.messages_dead_lettered.labels(reason=dead_letter_class(reason)).inc()
+        else:
+            self.metrics.messages_dropped.inc()
+
+    def _enqueue(self, batch: list[Pending], reason: str) -> None:
+        self._batches.put_nowait((batch, reason))
+
+    async def _flush_worker(self) -> None:
+        assert self._flusher is not None
+        while True:
+            batch, reason = await self._batches.get()
+            try:
+                await self._flusher.process(batch, reason)
+            except Exception:
+                log.exception("flush failed unexpectedly; its deliveries will be redelivered")
+            finally:
+                self._batches.task_done()
+
+    # -- outages --------------------------------------------------------------------------
+
+    def _on_outage(self, down: bool) -> None:
+        self._db_ok = not down
+
+    async def _on_release(self) -> None:
+        """A batch was released after a long outage: pause intake until the database is back."""
+        if self._pause_task is None or self._pause_task.done():
+            self._pause_task = asyncio.create_task(self._pause_until_database_returns())
+
+    async def _pause_until_database_returns(self) -> None:
+        self._intake.clear()
+        await self._stop_consuming()
+        log.warning("intake paused until the database is back")
+        held = self._collector.drop(lambda p: True)
+        while not self._batches.empty():
+            batch, _ = self._batches.get_nowait()
+            held.extend(batch)
+            self._batches.task_done()
+        for pending in held:
+            if await pending.delivery.release():
+                self.metrics.messages_released.inc()
+        self.metrics.buffer_messages.dec(len(held))
+        backoff = Backoff(base_s=0.2, cap_s=5.0)
+        attempt = 0
+        assert self._pool is not None
+        assert self._flusher is not None
+        while not self._stopping:
+            await asyncio.sleep(backoff.delay(attempt))
+            attempt += 1
+            try:
+                async with self._pool.acquire(timeout=5) as conn:
+                    await conn.execute("SELECT 1")
+            except _DB_ERRORS:
+                continue
+            break
+        self._flusher.recovered()
+        log.info("database is back: intake resumed")
+        self._intake.set()
+        with contextlib.suppress(*_BROKER_ERRORS):
+            await self._start_consuming()
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    async def _shutdown(self, workers: list[asyncio.Task[None]]) -> None:
+        """Stop intake, flush what is buffered (bounded), settle it, then close in order."""
+        self._stopping = True
+        started = time.monotonic()
+        await self._stop_consuming()
+        self._collector.flush("shutdown")
+        if workers:
+            try:
+                await asyncio.wait_for(
+                    self._batches.join(), self.settings.bulk_recorder_shutdown_timeout_s
+                )
+            except TimeoutError:
+                log.warning(
+                    "final flush did not finish in time; unacked messages will be redelivered"
+                )
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        if self._pause_task is not None:
+            self._pause_task.cancel()
+            await asyncio.gather(self._pause_task, return_exceptions=True)
+        self._collector.close()
+        connection = self._connection
+        if connection is not None:
+            with contextlib.suppress(*_BROKER_ERRORS):
+                await asyncio.wait_for(connection.close(), 10)
+        if self._pool is not None:
+            try:
+                await asyncio.wait_for(self._pool.close(), 10)
+            except TimeoutError:
+                self._pool.terminate()
+        if self.health is not None:
+            await self.health.stop()
+        log.info("recorder stopped in %.1f s", time.monotonic() - started)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,203 @@
+"""``bulk-recorder`` console script: the one place that reads the environment.
+
+Sync shell, async core: each command builds the settings once, sets up logging, and runs its
+coroutine on uvloop with cleanup in ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from bulk_recorder.logs import setup_logging
+from settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger(__name__)
+
+EXIT_SETTINGS = 2
+
+
+def run_async(main: Coroutine[Any, Any, int]) -> int:
+    """Run a coroutine on uvloop (asyncio where uvloop is missing)."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+async def with_stop_signals(body: Callable[[asyncio.Event], Awaitable[int]]) -> int:
+    """Run ``body(stop)`` with SIGTERM and SIGINT setting ``stop`` (a second signal exits)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second %s: exiting now", signal.Signals(signum).name)
+            raise SystemExit(130)
+        log.info("%s received: stopping intake, flushing, closing", signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        return await body(stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from bulk_recorder.migrate import migrate
+
+    applied = run_async(migrate(settings.database_url))
+    print("applied: " + (", ".join(applied) if applied else "nothing (schema up to date)"))
+    return 0
+
+
+def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.app import Recorder
+
+    async def body(stop: asyncio.Event) -> int:
+        await Recorder(settings).run(stop)
+        return 0
+
+    return run_async(with_stop_signals(body))
+
+
+def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
+    from bulk_recorder.loadgen import LoadSpec, ProgressBar, publish_load
+
+    spec = LoadSpec(
+        record_type=args.type,
+        count=args.count,
+        duplicates=args.duplicates,
+        invalid=args.invalid,
+        in_flight=args.in_flight,
+        seed=args.seed,
+    )
+    bar = None if args.quiet else ProgressBar("published", spec.total_messages)
+    report = run_async(
+        publish_load(
+            settings.rabbitmq_url,
+            settings.rabbitmq_exchange,
+            spec,
+            progress=bar.update if bar else None,
+            declare=_declare(settings),
+        )
+    )
+    if bar:
+        bar.close()
+    print(report.summary())
+    return 0
+
+
+def _declare(settings: Settings) -> Callable[[Any], Awaitable[None]]:
+    from consumer.topology import Topology, declare_topology
+
+    topology = Topology.from_settings(settings)
+
+    async def declare(channel: Any) -> None:
+        await declare_topology(channel, topology)
+
+    return declare
+
+
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.demo import run_demo
+
+    return run_async(run_demo(settings, count=args.count, via=args.via))
+
+
+def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.dlq import inspect_dlq, replay_dlq
+
+    if args.dlq_command == "inspect":
+        return run_async(inspect_dlq(settings, samples=args.samples))
+    return run_async(replay_dlq(settings, limit=args.limit))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bulk-recorder",
+        description="RabbitMQ -> PostgreSQL bulk recorder. Settings come from the environment.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="create the database if missing and apply migrations")
+    sub.add_parser("consume", help="run the recorder until SIGTERM/SIGINT")
+
+    pub = sub.add_parser("publish", help="load generator: publish records with confirms")
+    pub.add_argument(
+        "--type", choices=("transaction", "credit_annotation", "mixed"), default="transaction"
+    )
+    pub.add_argument("--count", type=_positive_int, default=10_000, help="valid records")
+    pub.add_argument(
+        "--duplicates", type=_fraction, default=0.0, help="fraction re-published (e.g. 0.05)"
+    )
+    pub.add_argument(
+        "--invalid", type=_fraction, default=0.0, help="fraction of extra invalid messages"
+    )
+    pub.add_argument("--in-flight", type=_positive_int, default=1000, help="unconfirmed window")
+    pub.add_argument("--seed", type=int, default=None)
+    pub.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    demo = sub.add_parser("demo", help="the main job end to end, with a checked summary")
+    demo.add_argument("--count", type=_positive_int, default=300_000)
+    demo.add_argument("--via", choices=("queue", "api"), default="queue")
+
+    dlq = sub.add_parser("dlq", help="inspect or replay the dead-letter queue")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    ins = dlq_sub.add_parser("inspect", help="counts by reason and sample bodies")
+    ins.add_argument("--samples", type=int, default=3)
+    rep = dlq_sub.add_parser("replay", help="move messages back to the main exchange")
+    rep.add_argument("--limit", type=_positive_int, default=None)
+    return parser
+
+
+COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "migrate": cmd_migrate,
+    "consume": cmd_consume,
+    "publish": cmd_publish,
+    "demo": cmd_demo,
+    "dlq": cmd_dlq,
+}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError("must be between 0 and 1")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"bulk-recorder: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
+    setup_logging(settings.log_level, settings.log_format)
+    return COMMANDS[args.command](settings, args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

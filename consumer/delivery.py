@@ -1,0 +1,114 @@
+"""AMQP deliveries on the lean path: aiormq's channel directly, one basic.ack per delivery.
+
+aio-pika wraps every delivery in an ``IncomingMessage`` and an extra task, and its ``ack()``
+costs far more than aiormq's ``basic_ack`` (DESIGN.md section 7). The recorder keeps aio-pika
+for connections and topology and acks through the underlying channel. A delivery remembers
+its channel: once that channel is closed its tag means nothing, so every call returns False
+and the broker redelivers the message.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractExchange
+from aiormq.abc import AbstractChannel, DeliveredMessage
+
+log = logging.getLogger(__name__)
+
+ERROR_HEADER = "x-bulk-recorder-error"
+
+_CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+
+
+class DeadLetterer:
+    """Publishes refused messages to the dead-letter exchange with confirms, reason in a header."""
+
+    def __init__(self, exchange: AbstractExchange) -> None:
+        self._exchange = exchange
+
+    async def publish(self, message: DeliveredMessage, reason: str) -> bool:
+        props = message.header.properties
+        headers: dict[str, Any] = dict(props.headers or {})
+        headers[ERROR_HEADER] = reason[:500]
+        headers["x-bulk-recorder-original-exchange"] = message.exchange or ""
+        headers["x-bulk-recorder-original-routing-key"] = message.routing_key or ""
+        out = aio_pika.Message(
+            body=message.body,
+            headers=headers,
+            content_type=props.content_type,
+            content_encoding=props.content_encoding,
+            type=props.message_type,
+            message_id=props.message_id,
+            correlation_id=props.correlation_id,
+            timestamp=props.timestamp,
+            app_id=props.app_id,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        try:
+            await self._exchange.publish(out, routing_key=message.routing_key or "unknown")
+        except Exception as exc:  # any failure: not dead-lettered, do not ack
+            log.warning("dead-letter publish failed, the message stays queued: %s", exc)
+            return False
+        return True
+
+
+class AmqpDelivery:
+    """One delivery, bound to the channel that delivered it."""
+
+    __slots__ = ("_channel", "_dead_letterer", "_message", "delivery_count", "tag")
+
+    def __init__(
+        self, channel: AbstractChannel, message: DeliveredMessage, dead_letterer: DeadLetterer
+    ) -> None:
+        self._channel = channel
+        self._message = message
+        self._dead_letterer = dead_letterer
+        self.tag: int = message.delivery_tag or 0
+        headers = message.header.properties.headers
+        count = headers.get("x-delivery-count", 0) if headers else 0
+        self.delivery_count: int = count if isinstance(count, int) else 0
+
+    @property
+    def channel(self) -> AbstractChannel:
+        return self._channel
+
+    def alive(self) -> bool:
+        return not self._channel.is_closed
+
+    async def ack(self) -> bool:
+        if self._channel.is_closed:
+            return False
+        try:
+            await self._channel.basic_ack(self.tag)
+        except _CHANNEL_GONE:
+            return False
+        return True
+
+    async def reject(self) -> bool:
+        if self._channel.is_closed:
+            return False
+        try:
+            await self._channel.basic_reject(self.tag, requeue=True)
+        except _CHANNEL_GONE:
+            return False
+        return True
+
+    async def release(self) -> bool:
+        if self._channel.is_closed:
+            return False
+        try:
+            await self._channel.basic_nack(self.tag, requeue=True)
+        except _CHANNEL_GONE:
+            return False
+        return True
+
+    async def dead_letter(self, reason: str) -> bool:
+        if self._channel.is_closed:
+            return False
+        if not await self._dead_letterer.publish(self._message, reason):
+            return False
+        return await self.ack()

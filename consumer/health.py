@@ -1,0 +1,75 @@
+"""A tiny HTTP server for ``/metrics`` (Prometheus), ``/healthz`` (alive) and ``/readyz``.
+
+Ready means connected to both the broker and the database. Plain asyncio streams: the service
+needs three fixed GET routes, not a web framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+
+class HealthServer:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        ready: Callable[[], tuple[bool, str]],
+        host: str = "0.0.0.0",
+        port: int = 9464,
+    ) -> None:
+        self._registry = registry
+        self._ready = ready
+        self._host = host
+        self._port = port
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None or not self._server.sockets:
+            return self._port
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        log.info("metrics and health on http://%s:%d/metrics", self._host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            parts = request.split(b" ", 2)
+            method = parts[0] if parts else b""
+            path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
+            if method not in (b"GET", b"HEAD"):
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
+            elif path == b"/metrics":
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self._registry)
+            elif path == b"/healthz":
+                status, ctype, body = "200 OK", "text/plain", b"ok\n"
+            elif path == b"/readyz":
+                ok, detail = self._ready()
+                status = "200 OK" if ok else "503 Service Unavailable"
+                ctype, body = "text/plain", (detail + "\n").encode()
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            writer.write(head if method == b"HEAD" else head + body)
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass
+        finally:
+            writer.close()

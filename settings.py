@@ -1,0 +1,181 @@
+"""Every setting of bulk-recorder, read once from the environment at the entrypoint.
+
+Names follow Midaz where Midaz has one (``RABBITMQ_NUMBERS_OF_WORKERS`` ...). Library code never
+reads the environment: the entrypoint calls :func:`load_settings` once and passes the object
+down. A wrong value fails start-up with a :class:`SettingsError` that names the variable.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# PostgreSQL's bind-parameter limit per statement (a 16-bit counter in the wire protocol).
+PG_MAX_PARAMETERS = 65_535
+# Hard cap on rows per INSERT statement, whatever the setting says.
+MAX_ROWS_PER_INSERT = 1_000
+
+
+class SettingsError(ValueError):
+    """A setting is missing or malformed; the message names the environment variable."""
+
+
+class Settings(BaseSettings):
+    """Typed, validated view of the environment. Field ``foo_bar`` is variable ``FOO_BAR``."""
+
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+
+    database_url: str = Field(
+        "postgresql://postgres@127.0.0.1:5432/bulk_recorder",
+        description="PostgreSQL DSN; `migrate` creates the database if missing.",
+    )
+    rabbitmq_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="Broker URL.")
+    rabbitmq_exchange: str = Field(
+        "bulk_recorder", min_length=1, max_length=200, description="Topic exchange producers use."
+    )
+    rabbitmq_queue: str = Field(
+        "bulk_recorder.records",
+        min_length=1,
+        max_length=200,
+        description="Quorum queue consumed; its dead-letter queue is `<queue>.dlq`.",
+    )
+    rabbitmq_delivery_limit: int = Field(
+        5, ge=1, le=1000, description="Deliveries before the broker dead-letters a message."
+    )
+    rabbitmq_numbers_of_workers: int = Field(
+        5, ge=1, le=256, description="Concurrent flush workers (one DB connection each)."
+    )
+    rabbitmq_numbers_of_prefetch: int = Field(10, ge=1, le=10_000, description="Prefetch a worker.")
+    rabbitmq_transaction_async: bool = Field(
+        True, description="Async path (outbox, queue, recorder); false: the API writes directly."
+    )
+    bulk_recorder_enabled: bool = Field(
+        True, description="Bulk mode; false: one message, one transaction, one ack."
+    )
+    bulk_recorder_size: int = Field(
+        0, ge=0, le=100_000, description="Flush size; 0 means workers x prefetch."
+    )
+    bulk_recorder_flush_timeout_ms: int = Field(
+        100,
+        ge=1,
+        le=600_000,
+        description="Flush a partial batch this long after its first message.",
+    )
+    bulk_recorder_max_rows_per_insert: int = Field(
+        MAX_ROWS_PER_INSERT,
+        ge=1,
+        le=MAX_ROWS_PER_INSERT,
+        description="Rows per INSERT; also capped by 65,535 / columns.",
+    )
+    bulk_recorder_max_message_bytes: int = Field(
+        1_048_576, ge=1024, le=128 * 1_048_576, description="Larger bodies are dead-lettered."
+    )
+    bulk_recorder_release_after_s: float = Field(
+        60.0,
+        gt=0,
+        le=1_500,
+        description=(
+            "During a database outage, buffered deliveries are released (nack, requeue) after "
+            "this long; must stay well under the broker's consumer timeout (30 min by default)."
+        ),
+    )
+    bulk_recorder_shutdown_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="Bounded wait for the final flush on SIGTERM."
+    )
+    metrics_port: int = Field(9464, ge=0, le=65_535, description="/metrics port; 0 disables.")
+    api_host: str = Field(
+        "127.0.0.1", min_length=1, description="Where `bulk-recorder api` listens."
+    )
+    api_port: int = Field(8080, ge=1, le=65_535, description="API port.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _casefold(cls, value: object) -> object:
+        if isinstance(value, str):
+            return value.upper() if value.strip().upper() in _LEVELS else value.strip().lower()
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_scheme(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @field_validator("rabbitmq_url")
+    @classmethod
+    def _amqp_scheme(cls, value: str) -> str:
+        if not value.startswith(("amqp://", "amqps://")):
+            raise ValueError("must be an amqp:// or amqps:// URL")
+        return value
+
+    # -- derived values ----------------------------------------------------------------------
+
+    @property
+    def bulk_mode_active(self) -> bool:
+        """Bulk mode needs both the async path and the bulk toggle."""
+        return self.rabbitmq_transaction_async and self.bulk_recorder_enabled
+
+    @property
+    def bulk_mode_reason(self) -> str:
+        if not self.rabbitmq_transaction_async:
+            return "RABBITMQ_TRANSACTION_ASYNC=false"
+        if not self.bulk_recorder_enabled:
+            return "BULK_RECORDER_ENABLED=false"
+        return "enabled"
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Flush size: the setting, or workers x prefetch when it is 0; 1 in per-message mode."""
+        if not self.bulk_mode_active:
+            return 1
+        if self.bulk_recorder_size:
+            return self.bulk_recorder_size
+        return self.rabbitmq_numbers_of_workers * self.rabbitmq_numbers_of_prefetch
+
+    @property
+    def channel_prefetch(self) -> int:
+        """Broker QoS for the consumer channel.
+
+        Workers x prefetch, raised to twice the batch size: with a prefetch equal to the batch
+        size every delivery is unacked while a batch is written and delivery stalls; the
+        headroom lets the next batch fill during the write.
+        """
+        base = self.rabbitmq_numbers_of_workers * self.rabbitmq_numbers_of_prefetch
+        return min(max(base, 2 * self.effective_batch_size), 65_535)
+
+    @property
+    def flush_timeout_s(self) -> float:
+        return self.bulk_recorder_flush_timeout_ms / 1000.0
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.rabbitmq_exchange}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.rabbitmq_queue}.dlq"
+
+
+_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build the settings from the environment (plus explicit overrides).
+
+    Raises :class:`SettingsError` naming every offending variable, its value and what is expected.
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error["loc"]).upper() or "SETTINGS"
+            value = error.get("input")
+            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            problems.append(f"{name}: {error['msg']}{shown}")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None

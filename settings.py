@@ -92,12 +92,15 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 
-    @field_validator("log_level", "log_format", mode="before")
+    @field_validator("log_level", mode="before")
     @classmethod
-    def _casefold(cls, value: object) -> object:
-        if isinstance(value, str):
-            return value.upper() if value.strip().upper() in _LEVELS else value.strip().lower()
-        return value
+    def _upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("database_url")
     @classmethod
@@ -160,8 +163,6 @@ class Settings(BaseSettings):
     def dead_letter_queue(self) -> str:
         return f"{self.rabbitmq_queue}.dlq"
 
-
-_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
 
 
 def load_settings(**overrides: object) -> Settings:

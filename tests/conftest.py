@@ -1,0 +1,296 @@
+"""Shared fixtures: real PostgreSQL and RabbitMQ, a fresh database and fresh queue names per test.
+
+The machine's services are used when reachable (``DATABASE_URL`` and ``RABBITMQ_URL`` override
+the defaults); where they are not and a Docker engine exists, testcontainers starts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import asyncpg
+import pytest
+
+from bulk_recorder.metrics import Metrics
+from consumer.app import Recorder
+from consumer.topology import Topology, declare_topology
+from settings import Settings, load_settings
+
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 2):
+            return True
+    except OSError:
+        return False
+
+
+def _docker_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+@dataclass(frozen=True)
+class Services:
+    database_url: str  # DSN of the server's maintenance database; tests create their own
+    rabbitmq_url: str
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    db_url = os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL)
+    mq_url = os.environ.get("RABBITMQ_URL", DEFAULT_RABBITMQ_URL)
+    if _reachable(db_url, 5432) and _reachable(mq_url, 5672):
+        yield Services(db_url, mq_url)
+        return
+    if not _docker_available():
+        pytest.fail(
+            "PostgreSQL and RabbitMQ are not reachable at DATABASE_URL / RABBITMQ_URL "
+            f"({db_url}, {mq_url}) and no Docker engine is available for testcontainers"
+        )
+    from testcontainers.postgres import PostgresContainer
+    from testcontainers.rabbitmq import RabbitMqContainer
+
+    with PostgresContainer("postgres:15") as pg, RabbitMqContainer("rabbitmq:3.13") as mq:
+        db = pg.get_connection_url().replace("postgresql+psycopg2://", "postgresql://")
+        params = mq.get_connection_params()
+        creds = params.credentials
+        yield Services(
+            db,
+            f"amqp://{creds.username}:{creds.password}@{params.host}:{params.port}/",
+        )
+
+
+def with_database(dsn: str, name: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def database_url(services: Services) -> AsyncIterator[str]:
+    """A DSN for a database that does not exist yet (migrate creates it); dropped afterwards."""
+    name = unique_name("brtest")
+    yield with_database(services.database_url, name)
+    conn = await asyncpg.connect(with_database(services.database_url, "postgres"))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def topology(services: Services) -> AsyncIterator[Topology]:
+    """Unique exchange and queue names; every exchange and queue is deleted afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    topo = Topology(exchange=f"brtest.{suffix}", queue=f"brtest.{suffix}.records", delivery_limit=5)
+    yield topo
+    connection = await aio_pika.connect(services.rabbitmq_url)
+    try:
+        channel = await connection.channel()
+        for queue in (topo.queue, topo.dead_letter_queue):
+            with contextlib.suppress(Exception):
+                await channel.queue_delete(queue)
+        for exchange in (topo.exchange, topo.dead_letter_exchange):
+            with contextlib.suppress(Exception):
+                await channel.exchange_delete(exchange)
+    finally:
+        await connection.close()
+
+
+SettingsFactory = Callable[..., Settings]
+
+
+@pytest.fixture
+def make_settings(services: Services, database_url: str, topology: Topology) -> SettingsFactory:
+    """Settings for this test's database and queues; keyword overrides use field names."""
+
+    def factory(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "database_url": database_url,
+            "rabbitmq_url": services.rabbitmq_url,
+            "rabbitmq_exchange": topology.exchange,
+            "rabbitmq_queue": topology.queue,
+            "rabbitmq_delivery_limit": topology.delivery_limit,
+            "metrics_port": 0,
+        }
+        values.update(overrides)
+        return load_settings(**values)
+
+    return factory
+
+
+@dataclass
+class RunningRecorder:
+    recorder: Recorder
+    metrics: Metrics
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    def value(self, name: str, **labels: str) -> float:
+        """Current value of a metric sample, e.g. value('bulk_recorder_messages_acked_total')."""
+        sample = self.metrics.registry.get_sample_value(name, labels or None)
+        return sample or 0.0
+
+    async def shutdown(self, timeout: float = 60) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout)
+
+
+@pytest.fixture
+async def start_recorder() -> AsyncIterator[Callable[[Settings], Awaitable[RunningRecorder]]]:
+    """Start an in-process Recorder; it is stopped (SIGTERM-like) at the end of the test."""
+    running: list[RunningRecorder] = []
+
+    async def start(settings: Settings) -> RunningRecorder:
+        metrics = Metrics()
+        recorder = Recorder(settings, metrics)
+        stop = asyncio.Event()
+        task = asyncio.create_task(recorder.run(stop))
+        handle = RunningRecorder(recorder, metrics, stop, task)
+        running.append(handle)
+        await wait_for(lambda: recorder.ready()[0] or task.done(), timeout=30)
+        if task.done():
+            task.result()
+        return handle
+
+    yield start
+    for handle in running:
+        if not handle.task.done():
+            await handle.shutdown()
+
+
+async def wait_for(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30, interval: float = 0.05
+) -> None:
+    """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+
+
+class Broker:
+    """Test-side broker helper: publish raw messages, count and read queues."""
+
+    def __init__(self, url: str, topology: Topology) -> None:
+        self.url = url
+        self.topology = topology
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+
+    async def open(self) -> None:
+        self._connection = await aio_pika.connect(self.url)
+        self._channel = await self._connection.channel(publisher_confirms=True)
+        await declare_topology(self._channel, self.topology)
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
+    @property
+    def channel(self) -> aio_pika.abc.AbstractChannel:
+        assert self._channel is not None
+        return self._channel
+
+    async def publish(
+        self,
+        body: bytes,
+        record_type: str | None,
+        routing_key: str | None = None,
+        headers: dict[str, Any] | None = None,
+    ) -> None:
+        exchange = await self.channel.get_exchange(self.topology.exchange)
+        await exchange.publish(
+            aio_pika.Message(
+                body,
+                content_type="application/json",
+                type=record_type,
+                headers=headers,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            ),
+            routing_key=routing_key or record_type or "untyped",
+        )
+
+    async def publish_many(self, messages: list[tuple[bytes, str | None]]) -> None:
+        exchange = await self.channel.get_exchange(self.topology.exchange)
+        for start in range(0, len(messages), 500):
+            await asyncio.gather(
+                *(
+                    exchange.publish(
+                        aio_pika.Message(
+                            body,
+                            content_type="application/json",
+                            type=record_type,
+                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        ),
+                        routing_key=record_type or "untyped",
+                    )
+                    for body, record_type in messages[start : start + 500]
+                )
+            )
+
+    async def ready_count(self, queue: str) -> int:
+        """Messages ready in ``queue`` (not counting those delivered and unacked)."""
+        declared = await self.channel.declare_queue(queue, passive=True)
+        return int(declared.declaration_result.message_count or 0)
+
+    async def drain(self, queue: str, limit: int = 100_000) -> list[aio_pika.abc.AbstractIncomingMessage]:
+        """Get (and ack) every ready message of ``queue``."""
+        q = await self.channel.declare_queue(queue, passive=True)
+        out: list[aio_pika.abc.AbstractIncomingMessage] = []
+        while len(out) < limit:
+            message = await q.get(fail=False, no_ack=True)
+            if message is None:
+                break
+            out.append(message)
+        return out
+
+
+@pytest.fixture
+async def broker(services: Services, topology: Topology) -> AsyncIterator[Broker]:
+    b = Broker(services.rabbitmq_url, topology)
+    await b.open()
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+async def db(database_url: str) -> Callable[[], Awaitable[asyncpg.Connection]]:
+    """Open a connection to the test database (after the recorder has migrated it)."""
+    opened: list[asyncpg.Connection] = []
+
+    async def connect() -> asyncpg.Connection:
+        conn = await asyncpg.connect(database_url)
+        opened.append(conn)
+        return conn
+
+    yield connect  # type: ignore[misc]
+    for conn in opened:
+        await conn.close()

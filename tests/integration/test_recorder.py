@@ -1,0 +1,299 @@
+"""The recorder against real RabbitMQ and PostgreSQL: flush triggers, duplicates, dead letters,
+per-message mode, ack-after-commit, shutdown flush, metrics and health endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Any
+
+import asyncpg
+import pytest
+
+from bulk_recorder.loadgen import Generator
+from consumer.delivery import ERROR_HEADER, AmqpDelivery
+from tests.conftest import Broker, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
+CONTRACT_METRICS = [
+    "bulk_recorder_messages_received_total",
+    "bulk_recorder_messages_acked_total",
+    "bulk_recorder_messages_dead_lettered_total",
+    "bulk_recorder_rows_attempted_total",
+    "bulk_recorder_rows_inserted_total",
+    "bulk_recorder_rows_ignored_total",
+    "bulk_recorder_flushes_total",
+    "bulk_recorder_flush_size",
+    "bulk_recorder_flush_duration_seconds",
+    "bulk_recorder_fallback_total",
+    "bulk_recorder_buffer_messages",
+    "bulk_recorder_db_retries_total",
+    "bulk_recorder_paused",
+]
+
+
+def body(record: dict[str, Any]) -> bytes:
+    return json.dumps(record).encode()
+
+
+async def count(conn: asyncpg.Connection, table: str) -> int:
+    return int(await conn.fetchval(f"SELECT count(*) FROM {table}"))
+
+
+async def test_size_flush_records_every_message(make_settings, start_recorder, broker, db) -> None:
+    gen = Generator.create(seed=1)
+    settings = make_settings(bulk_recorder_size=10, bulk_recorder_flush_timeout_ms=60_000)
+    rec = await start_recorder(settings)
+    txs = [gen.transaction() for _ in range(30)]
+    await broker.publish_many([(body(t), "transaction") for t in txs])
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 30)
+    assert rec.value("bulk_recorder_flushes_total", reason="size") == 3
+    assert rec.value("bulk_recorder_flushes_total", reason="timeout") == 0
+    conn = await db()
+    ids = {str(r[0]) for r in await conn.fetch("SELECT id FROM transactions")}
+    assert ids == {t["id"] for t in txs}
+    assert await count(conn, "operations") == 60
+    assert rec.value("bulk_recorder_rows_inserted_total", table="transactions") == 30
+
+
+async def test_timeout_flush_writes_a_partial_batch(make_settings, start_recorder, broker, db) -> None:
+    gen = Generator.create(seed=2)
+    settings = make_settings(bulk_recorder_size=1000, bulk_recorder_flush_timeout_ms=100)
+    rec = await start_recorder(settings)
+    anns = [gen.credit_annotation() for _ in range(7)]
+    await broker.publish_many([(body(a), "credit_annotation") for a in anns])
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 7, timeout=10)
+    assert rec.value("bulk_recorder_flushes_total", reason="timeout") >= 1
+    assert rec.value("bulk_recorder_flushes_total", reason="size") == 0
+    conn = await db()
+    assert await count(conn, "credit_annotations") == 7
+
+
+async def test_duplicates_give_one_row_and_count_as_ignored(
+    make_settings, start_recorder, broker, db
+) -> None:
+    gen = Generator.create(seed=3)
+    rec = await start_recorder(make_settings(bulk_recorder_size=5, bulk_recorder_flush_timeout_ms=50))
+    tx = gen.transaction()
+    ann = gen.credit_annotation()
+    messages = [(body(tx), "transaction")] * 4 + [(body(ann), "credit_annotation")] * 3
+    await broker.publish_many(messages)
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 7)
+    conn = await db()
+    assert await count(conn, "transactions") == 1
+    assert await count(conn, "operations") == 2
+    assert await count(conn, "credit_annotations") == 1
+    assert rec.value("bulk_recorder_rows_ignored_total", table="transactions") == 3
+    assert rec.value("bulk_recorder_rows_ignored_total", table="credit_annotations") == 2
+    # the balance moved once, not four times
+    amount = await conn.fetchval(
+        "SELECT available FROM balances WHERE account_id = $1",
+        tx["operations"][1]["account_id"],
+    )
+    assert str(amount.normalize()) == str(type(amount)(tx["amount"]).normalize())
+
+
+async def test_invalid_messages_reach_the_dlq_while_batch_mates_are_recorded(
+    make_settings, start_recorder, broker: Broker, db
+) -> None:
+    gen = Generator.create(seed=4)
+    rec = await start_recorder(make_settings(bulk_recorder_size=20, bulk_recorder_flush_timeout_ms=50))
+    good = [gen.transaction() for _ in range(10)]
+    bad_cpf = {**gen.credit_annotation(), "document": "529.982.247-26"}
+    unbalanced = gen.transaction()
+    unbalanced["operations"][0]["amount"] = "1.00"
+    invalid: list[tuple[bytes, str | None, str]] = [
+        (b"{oops", "transaction", "invalid JSON"),
+        (body(bad_cpf), "credit_annotation", "CPF"),
+        (body(unbalanced), "transaction", "debits"),
+        (body(gen.transaction()), "refund", "unknown type"),
+    ]
+    messages: list[tuple[bytes, str | None]] = [(body(t), "transaction") for t in good[:5]]
+    messages += [(b, t) for b, t, _ in invalid]
+    messages += [(body(t), "transaction") for t in good[5:]]
+    await broker.publish_many(messages)
+    await wait_for(
+        lambda: rec.value("bulk_recorder_messages_acked_total") == 10
+        and sum(
+            rec.value("bulk_recorder_messages_dead_lettered_total", reason=r)
+            for r in ("decode", "type", "validation")
+        )
+        == 4
+    )
+    conn = await db()
+    ids = {str(r[0]) for r in await conn.fetch("SELECT id FROM transactions")}
+    assert ids == {t["id"] for t in good}
+    dead = await broker.drain(broker.topology.dead_letter_queue)
+    assert len(dead) == 4
+    reasons = sorted(str(m.headers[ERROR_HEADER]) for m in dead)
+    for _, _, expected in invalid:
+        assert any(expected in r for r in reasons), (expected, reasons)
+    bodies = {m.body for m in dead}
+    assert bodies == {b for b, _, _ in invalid}  # the original body, untouched
+
+
+async def _snapshot(conn: asyncpg.Connection) -> dict[str, list[tuple[Any, ...]]]:
+    return {
+        "transactions": [
+            tuple(r)
+            for r in await conn.fetch(
+                "SELECT id, organization_id, ledger_id, description, status, asset_code, amount,"
+                " created_at, metadata FROM transactions ORDER BY id"
+            )
+        ],
+        "operations": [
+            tuple(r)
+            for r in await conn.fetch(
+                "SELECT id, transaction_id, account_id, type, amount, asset_code FROM operations"
+                " ORDER BY id"
+            )
+        ],
+        "credit_annotations": [
+            tuple(r)
+            for r in await conn.fetch(
+                "SELECT id, job_id, document, document_type, kind, creditor, amount, occurred_on,"
+                " reason FROM credit_annotations ORDER BY id"
+            )
+        ],
+        "balances": [
+            tuple(r)
+            for r in await conn.fetch(
+                "SELECT account_id, asset_code, available FROM balances ORDER BY 1, 2"
+            )
+        ],
+    }
+
+
+async def test_per_message_mode_gives_identical_tables_and_metrics(
+    make_settings, start_recorder, broker, db
+) -> None:
+    gen = Generator.create(seed=5)
+    records = [gen.transaction() for _ in range(40)] + [gen.credit_annotation() for _ in range(40)]
+    messages = [(body(r), "transaction" if "operations" in r else "credit_annotation") for r in records]
+    messages += messages[:10]  # duplicates
+    messages.append((b"not json", "transaction"))
+    snapshots = []
+    values = []
+    for enabled in (False, True):
+        settings = make_settings(bulk_recorder_enabled=enabled, bulk_recorder_flush_timeout_ms=50)
+        rec = await start_recorder(settings)
+        await broker.publish_many(messages)
+        await wait_for(lambda rec=rec: rec.value("bulk_recorder_messages_acked_total") == 90)
+        await wait_for(
+            lambda rec=rec: rec.value("bulk_recorder_messages_dead_lettered_total", reason="decode")
+            == 1
+        )
+        await rec.shutdown()
+        conn = await db()
+        snapshots.append(await _snapshot(conn))
+        values.append(
+            {
+                name: rec.value(name, table=t)
+                for name in ("bulk_recorder_rows_inserted_total", "bulk_recorder_rows_ignored_total")
+                for t in ("transactions", "credit_annotations")
+            }
+        )
+        if not enabled:
+            assert rec.value("bulk_recorder_flush_size_sum") == rec.value(
+                "bulk_recorder_flush_size_count"
+            )  # one message a flush
+            await conn.execute(
+                "TRUNCATE operations, balances, credit_annotations, transactions CASCADE"
+            )
+        await broker.drain(broker.topology.dead_letter_queue)
+    per_message, bulk = snapshots
+    assert len(bulk["transactions"]) == 40
+    assert len(bulk["credit_annotations"]) == 40
+    # created_at/metadata come from the message, so the rows are identical, not just as many
+    assert per_message == bulk
+    assert values[0] == values[1]
+
+
+async def test_no_delivery_is_acked_before_its_row_is_committed(
+    make_settings, start_recorder, broker, db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = Generator.create(seed=6)
+    settings = make_settings(bulk_recorder_size=25, bulk_recorder_flush_timeout_ms=50)
+    await _migrated(settings.database_url)
+    checker = await db()
+    violations: list[str] = []
+    checked: list[str] = []
+    original_ack = AmqpDelivery.ack
+    lock = asyncio.Lock()
+
+    async def checking_ack(self: AmqpDelivery) -> bool:
+        record_id = json.loads(self._message.body)["id"]
+        async with lock:  # a separate connection: sees only committed rows
+            visible = await checker.fetchval(
+                "SELECT count(*) FROM credit_annotations WHERE id = $1", record_id
+            )
+        checked.append(record_id)
+        if visible != 1:
+            violations.append(record_id)
+        return await original_ack(self)
+
+    monkeypatch.setattr(AmqpDelivery, "ack", checking_ack)
+    rec = await start_recorder(settings)
+    anns = [gen.credit_annotation() for _ in range(120)]
+    await broker.publish_many([(body(a), "credit_annotation") for a in anns])
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 120)
+    assert len(checked) == 120
+    assert violations == []
+
+
+async def _migrated(dsn: str) -> None:
+    from bulk_recorder.migrate import migrate
+
+    await migrate(dsn)
+
+
+async def test_shutdown_flushes_the_partial_batch_and_acks_it(
+    make_settings, start_recorder, broker, db
+) -> None:
+    gen = Generator.create(seed=7)
+    settings = make_settings(bulk_recorder_size=1000, bulk_recorder_flush_timeout_ms=600_000)
+    rec = await start_recorder(settings)
+    anns = [gen.credit_annotation() for _ in range(5)]
+    await broker.publish_many([(body(a), "credit_annotation") for a in anns])
+    await wait_for(lambda: rec.value("bulk_recorder_messages_received_total") == 5)
+    assert rec.value("bulk_recorder_buffer_messages") == 5
+    await rec.shutdown()
+    assert rec.value("bulk_recorder_flushes_total", reason="shutdown") == 1
+    assert rec.value("bulk_recorder_messages_acked_total") == 5
+    conn = await db()
+    assert await count(conn, "credit_annotations") == 5
+    assert await broker.ready_count(broker.topology.queue) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _http_get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    head, _, payload = raw.decode().partition("\r\n\r\n")
+    return int(head.split(" ")[1]), payload
+
+
+async def test_metrics_and_health_endpoints(make_settings, start_recorder, broker) -> None:
+    port = _free_port()
+    rec = await start_recorder(make_settings(metrics_port=port))
+    await broker.publish(body(Generator.create(seed=8).transaction()), "transaction")
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 1)
+    status, text = await _http_get(port, "/metrics")
+    assert status == 200
+    for name in CONTRACT_METRICS:
+        assert name in text, name
+    assert "bulk_recorder_messages_acked_total 1.0" in text
+    assert await _http_get(port, "/healthz") == (200, "ok\n")
+    status, text = await _http_get(port, "/readyz")
+    assert (status, text) == (200, "broker up, database up\n")
+    assert (await _http_get(port, "/nope"))[0] == 404

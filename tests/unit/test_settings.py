@@ -1,0 +1,106 @@
+"""Settings: contract defaults, derived values, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from settings import Settings, SettingsError, load_settings
+
+CONTRACT_DEFAULTS = {
+    "DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/bulk_recorder",
+    "RABBITMQ_URL": "amqp://guest:guest@127.0.0.1:5672/",
+    "RABBITMQ_EXCHANGE": "bulk_recorder",
+    "RABBITMQ_QUEUE": "bulk_recorder.records",
+    "RABBITMQ_DELIVERY_LIMIT": 5,
+    "RABBITMQ_NUMBERS_OF_WORKERS": 5,
+    "RABBITMQ_NUMBERS_OF_PREFETCH": 10,
+    "RABBITMQ_TRANSACTION_ASYNC": True,
+    "BULK_RECORDER_ENABLED": True,
+    "BULK_RECORDER_SIZE": 0,
+    "BULK_RECORDER_FLUSH_TIMEOUT_MS": 100,
+    "BULK_RECORDER_MAX_ROWS_PER_INSERT": 1000,
+    "METRICS_PORT": 9464,
+    "API_HOST": "127.0.0.1",
+    "API_PORT": 8080,
+    "LOG_LEVEL": "INFO",
+    "LOG_FORMAT": "text",
+}
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in CONTRACT_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_contract_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    settings = load_settings()
+    for name, value in CONTRACT_DEFAULTS.items():
+        assert getattr(settings, name.lower()) == value, name
+
+
+def test_derived_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    s = load_settings()
+    assert s.bulk_mode_active
+    assert s.effective_batch_size == 50  # workers x prefetch
+    assert s.channel_prefetch == 100  # headroom: twice the batch
+    assert s.dead_letter_exchange == "bulk_recorder.dlx"
+    assert s.dead_letter_queue == "bulk_recorder.records.dlq"
+
+
+def test_environment_is_read(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("RABBITMQ_NUMBERS_OF_WORKERS", "3")
+    clean_env.setenv("RABBITMQ_NUMBERS_OF_PREFETCH", "200")
+    clean_env.setenv("BULK_RECORDER_SIZE", "1000")
+    clean_env.setenv("LOG_FORMAT", "JSON")
+    s = load_settings()
+    assert s.effective_batch_size == 1000
+    assert s.channel_prefetch == 2000
+    assert s.log_format == "json"
+
+
+@pytest.mark.parametrize(
+    ("async_", "enabled", "reason"),
+    [("false", "true", "RABBITMQ_TRANSACTION_ASYNC=false"), ("true", "false", "BULK_RECORDER_ENABLED=false")],
+)
+def test_per_message_mode(clean_env: pytest.MonkeyPatch, async_: str, enabled: str, reason: str) -> None:
+    clean_env.setenv("RABBITMQ_TRANSACTION_ASYNC", async_)
+    clean_env.setenv("BULK_RECORDER_ENABLED", enabled)
+    s = load_settings()
+    assert not s.bulk_mode_active
+    assert s.bulk_mode_reason == reason
+    assert s.effective_batch_size == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RABBITMQ_NUMBERS_OF_WORKERS", "0"),
+        ("RABBITMQ_NUMBERS_OF_WORKERS", "many"),
+        ("RABBITMQ_NUMBERS_OF_PREFETCH", "-1"),
+        ("RABBITMQ_DELIVERY_LIMIT", "0"),
+        ("BULK_RECORDER_SIZE", "-5"),
+        ("BULK_RECORDER_FLUSH_TIMEOUT_MS", "0"),
+        ("BULK_RECORDER_MAX_ROWS_PER_INSERT", "5000"),
+        ("BULK_RECORDER_ENABLED", "perhaps"),
+        ("METRICS_PORT", "70000"),
+        ("DATABASE_URL", "mysql://x"),
+        ("RABBITMQ_URL", "http://x"),
+        ("LOG_FORMAT", "xml"),
+        ("LOG_LEVEL", "LOUD"),
+    ],
+)
+def test_bad_value_names_the_variable(clean_env: pytest.MonkeyPatch, name: str, value: str) -> None:
+    clean_env.setenv(name, value)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    message = str(info.value)
+    assert name in message
+    assert repr(value) in message
+
+
+def test_settings_are_immutable() -> None:
+    s = Settings()
+    with pytest.raises(ValueError, match="frozen"):
+        s.metrics_port = 1  # type: ignore[misc]

@@ -12,7 +12,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from bulk_recorder.logs import setup_logging
 from settings import Settings, SettingsError, load_settings
@@ -21,8 +21,10 @@ log = logging.getLogger(__name__)
 
 EXIT_SETTINGS = 2
 
+T = TypeVar("T")
 
-def run_async(main: Coroutine[Any, Any, int]) -> int:
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on uvloop (asyncio where uvloop is missing)."""
     try:
         import uvloop

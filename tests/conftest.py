@@ -34,7 +34,9 @@ DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
 def _reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 2):
+        with socket.create_connection(
+            (parts.hostname or "127.0.0.1", parts.port or default_port), 2
+        ):
             return True
     except OSError:
         return False
@@ -180,7 +182,9 @@ async def start_recorder() -> AsyncIterator[Callable[[Settings], Awaitable[Runni
 
 
 async def wait_for(
-    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30, interval: float = 0.05
+    predicate: Callable[[], bool | Awaitable[bool]],
+    timeout: float = 30,
+    interval: float = 0.05,
 ) -> None:
     """Poll ``predicate`` until it is true; fail the test after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
@@ -261,7 +265,9 @@ class Broker:
         declared = await self.channel.declare_queue(queue, passive=True)
         return int(declared.declaration_result.message_count or 0)
 
-    async def drain(self, queue: str, limit: int = 100_000) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    async def drain(
+        self, queue: str, limit: int = 100_000
+    ) -> list[aio_pika.abc.AbstractIncomingMessage]:
         """Get (and ack) every ready message of ``queue``."""
         q = await self.channel.declare_queue(queue, passive=True)
         out: list[aio_pika.abc.AbstractIncomingMessage] = []
@@ -282,7 +288,7 @@ async def broker(services: Services, topology: Topology) -> AsyncIterator[Broker
 
 
 @pytest.fixture
-async def db(database_url: str) -> Callable[[], Awaitable[asyncpg.Connection]]:
+async def db(database_url: str) -> AsyncIterator[Callable[[], Awaitable[asyncpg.Connection]]]:
     """Open a connection to the test database (after the recorder has migrated it)."""
     opened: list[asyncpg.Connection] = []
 
@@ -291,6 +297,21 @@ async def db(database_url: str) -> Callable[[], Awaitable[asyncpg.Connection]]:
         opened.append(conn)
         return conn
 
-    yield connect  # type: ignore[misc]
+    yield connect
     for conn in opened:
         await conn.close()
+
+
+def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """Environment for a ``bulk-recorder`` subprocess running with these settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "BULK_RECORDER_"))}
+    for name, value in settings.model_dump().items():
+        env[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

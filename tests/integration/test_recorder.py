@@ -58,7 +58,9 @@ async def test_size_flush_records_every_message(make_settings, start_recorder, b
     assert rec.value("bulk_recorder_rows_inserted_total", table="transactions") == 30
 
 
-async def test_timeout_flush_writes_a_partial_batch(make_settings, start_recorder, broker, db) -> None:
+async def test_timeout_flush_writes_a_partial_batch(
+    make_settings, start_recorder, broker, db
+) -> None:
     gen = Generator.create(seed=2)
     settings = make_settings(bulk_recorder_size=1000, bulk_recorder_flush_timeout_ms=100)
     rec = await start_recorder(settings)
@@ -75,7 +77,9 @@ async def test_duplicates_give_one_row_and_count_as_ignored(
     make_settings, start_recorder, broker, db
 ) -> None:
     gen = Generator.create(seed=3)
-    rec = await start_recorder(make_settings(bulk_recorder_size=5, bulk_recorder_flush_timeout_ms=50))
+    rec = await start_recorder(
+        make_settings(bulk_recorder_size=5, bulk_recorder_flush_timeout_ms=50)
+    )
     tx = gen.transaction()
     ann = gen.credit_annotation()
     messages = [(body(tx), "transaction")] * 4 + [(body(ann), "credit_annotation")] * 3
@@ -99,7 +103,9 @@ async def test_invalid_messages_reach_the_dlq_while_batch_mates_are_recorded(
     make_settings, start_recorder, broker: Broker, db
 ) -> None:
     gen = Generator.create(seed=4)
-    rec = await start_recorder(make_settings(bulk_recorder_size=20, bulk_recorder_flush_timeout_ms=50))
+    rec = await start_recorder(
+        make_settings(bulk_recorder_size=20, bulk_recorder_flush_timeout_ms=50)
+    )
     good = [gen.transaction() for _ in range(10)]
     bad_cpf = {**gen.credit_annotation(), "document": "529.982.247-26"}
     unbalanced = gen.transaction()
@@ -115,12 +121,14 @@ async def test_invalid_messages_reach_the_dlq_while_batch_mates_are_recorded(
     messages += [(body(t), "transaction") for t in good[5:]]
     await broker.publish_many(messages)
     await wait_for(
-        lambda: rec.value("bulk_recorder_messages_acked_total") == 10
-        and sum(
-            rec.value("bulk_recorder_messages_dead_lettered_total", reason=r)
-            for r in ("decode", "type", "validation")
+        lambda: (
+            rec.value("bulk_recorder_messages_acked_total") == 10
+            and sum(
+                rec.value("bulk_recorder_messages_dead_lettered_total", reason=r)
+                for r in ("decode", "type", "validation")
+            )
+            == 4
         )
-        == 4
     )
     conn = await db()
     ids = {str(r[0]) for r in await conn.fetch("SELECT id FROM transactions")}
@@ -171,7 +179,9 @@ async def test_per_message_mode_gives_identical_tables_and_metrics(
 ) -> None:
     gen = Generator.create(seed=5)
     records = [gen.transaction() for _ in range(40)] + [gen.credit_annotation() for _ in range(40)]
-    messages = [(body(r), "transaction" if "operations" in r else "credit_annotation") for r in records]
+    messages = [
+        (body(r), "transaction" if "operations" in r else "credit_annotation") for r in records
+    ]
     messages += messages[:10]  # duplicates
     messages.append((b"not json", "transaction"))
     snapshots = []
@@ -180,10 +190,12 @@ async def test_per_message_mode_gives_identical_tables_and_metrics(
         settings = make_settings(bulk_recorder_enabled=enabled, bulk_recorder_flush_timeout_ms=50)
         rec = await start_recorder(settings)
         await broker.publish_many(messages)
-        await wait_for(lambda rec=rec: rec.value("bulk_recorder_messages_acked_total") == 90)
+        await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 90)  # noqa: B023
         await wait_for(
-            lambda rec=rec: rec.value("bulk_recorder_messages_dead_lettered_total", reason="decode")
-            == 1
+            lambda: (
+                rec.value("bulk_recorder_messages_dead_lettered_total", reason="decode")  # noqa: B023
+                == 1
+            )
         )
         await rec.shutdown()
         conn = await db()
@@ -191,7 +203,10 @@ async def test_per_message_mode_gives_identical_tables_and_metrics(
         values.append(
             {
                 name: rec.value(name, table=t)
-                for name in ("bulk_recorder_rows_inserted_total", "bulk_recorder_rows_ignored_total")
+                for name in (
+                    "bulk_recorder_rows_inserted_total",
+                    "bulk_recorder_rows_ignored_total",
+                )
                 for t in ("transactions", "credit_annotations")
             }
         )

@@ -1,0 +1,130 @@
+"""End to end: the real ``bulk-recorder consume`` process, fed by ``bulk-recorder publish``,
+stopped by SIGTERM; and a bad setting that stops start-up with a clear message."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port, settings_env, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+
+CLI = [sys.executable, "-m", "consumer.cli"]
+
+
+async def _ready(port: int) -> bool:
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.write(b"GET /readyz HTTP/1.1\r\n\r\n")
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    return raw.startswith(b"HTTP/1.1 200")
+
+
+async def test_consume_process_records_published_load_and_stops_on_sigterm(
+    make_settings, broker, db, tmp_path: Path
+) -> None:
+    port = free_port()
+    settings = make_settings(metrics_port=port, bulk_recorder_size=200)
+    env = settings_env(settings)
+    log_path = tmp_path / "recorder.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited here
+            [sys.executable, "-m", "consumer"], env=env, stdout=log_file, stderr=log_file
+        )
+        try:
+            await wait_for(lambda: _ready(port), timeout=30)
+            publish = await asyncio.create_subprocess_exec(
+                *CLI,
+                "publish",
+                "--type",
+                "mixed",
+                "--count",
+                "3000",
+                "--duplicates",
+                "0.1",
+                "--invalid",
+                "0.02",
+                "--quiet",
+                "--seed",
+                "42",
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(publish.communicate(), 120)
+            assert publish.returncode == 0, err.decode()
+            assert "3360 messages (3000 valid, 300 duplicates, 60 invalid)" in out.decode()
+            conn = await db()
+
+            async def all_recorded() -> bool:
+                n = await conn.fetchval(
+                    "SELECT (SELECT count(*) FROM transactions)"
+                    " + (SELECT count(*) FROM credit_annotations)"
+                )
+                return bool(n == 3000)
+
+            await wait_for(all_recorded, timeout=120)
+
+            async def all_dead_lettered() -> bool:
+                return bool(await broker.ready_count(broker.topology.dead_letter_queue) == 60)
+
+            await wait_for(all_dead_lettered, timeout=30)
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(proc.wait, 60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    log = log_path.read_text()
+    assert "Bulk mode is ACTIVE" in log
+    assert "Bulk mode configured for consumer: size=200 timeout_ms=100 workers=5 prefetch=10" in log
+    assert "SIGTERM received" in log
+    assert await conn.fetchval("SELECT count(*) FROM transactions") == 1500
+    assert await conn.fetchval("SELECT count(*) FROM operations") == 3000
+    assert await broker.ready_count(broker.topology.queue) == 0
+
+
+def test_per_message_mode_is_logged_with_its_reason(make_settings) -> None:
+    settings = make_settings(bulk_recorder_enabled=False)
+    env = settings_env(settings, RABBITMQ_URL="amqp://guest:guest@127.0.0.1:1/")
+    proc = subprocess.Popen([*CLI, "consume"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while "Bulk mode configured" not in seen:
+            line = proc.stderr.readline()
+            assert line, seen
+            seen += line
+        assert "Bulk mode is INACTIVE (BULK_RECORDER_ENABLED=false)" in seen
+        assert "size=1 " in seen
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("RABBITMQ_NUMBERS_OF_WORKERS", "0"), ("BULK_RECORDER_FLUSH_TIMEOUT_MS", "soon")],
+)
+def test_bad_setting_stops_start_up_naming_the_variable(name: str, value: str) -> None:
+    import os
+
+    env = {**os.environ, name: value}
+    result = subprocess.run(
+        [*CLI, "consume"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2
+    assert name in result.stderr
+    assert value in result.stderr

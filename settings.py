@@ -164,7 +164,6 @@ class Settings(BaseSettings):
         return f"{self.rabbitmq_queue}.dlq"
 
 
-
 def load_settings(**overrides: object) -> Settings:
     """Build the settings from the environment (plus explicit overrides).
 

@@ -62,9 +62,14 @@ def test_environment_is_read(clean_env: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("async_", "enabled", "reason"),
-    [("false", "true", "RABBITMQ_TRANSACTION_ASYNC=false"), ("true", "false", "BULK_RECORDER_ENABLED=false")],
+    [
+        ("false", "true", "RABBITMQ_TRANSACTION_ASYNC=false"),
+        ("true", "false", "BULK_RECORDER_ENABLED=false"),
+    ],
 )
-def test_per_message_mode(clean_env: pytest.MonkeyPatch, async_: str, enabled: str, reason: str) -> None:
+def test_per_message_mode(
+    clean_env: pytest.MonkeyPatch, async_: str, enabled: str, reason: str
+) -> None:
     clean_env.setenv("RABBITMQ_TRANSACTION_ASYNC", async_)
     clean_env.setenv("BULK_RECORDER_ENABLED", enabled)
     s = load_settings()

@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# Multi-stage: build a virtualenv with the project, copy only the venv into a slim runtime
+# image that runs as a non-root user.
+
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+COPY pyproject.toml README.md settings.py ./
+COPY bulk_recorder ./bulk_recorder
+COPY consumer ./consumer
+RUN pip install . && python -m compileall -q /opt/venv
+
+FROM python:3.11-slim AS runtime
+RUN groupadd --system --gid 10001 recorder \
+ && useradd --system --uid 10001 --gid recorder --no-create-home --shell /usr/sbin/nologin recorder
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    LOG_FORMAT=json \
+    API_HOST=0.0.0.0 \
+    METRICS_PORT=9464
+USER 10001:10001
+EXPOSE 9464 8080
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=2)"]
+ENTRYPOINT ["bulk-recorder"]
+CMD ["consume"]

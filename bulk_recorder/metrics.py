@@ -83,6 +83,50 @@ class Metrics:
         self.broker_reconnects = Counter(
             p + "broker_reconnects", "Connections to the broker re-established.", registry=r
         )
+        # Producer side: the outbox relay and the ingest API.
+        self.outbox_backlog = Gauge(
+            p + "outbox_backlog",
+            "Outbox rows waiting to be published (parked excluded).",
+            registry=r,
+        )
+        self.outbox_oldest_age = Gauge(
+            p + "outbox_oldest_age_seconds",
+            "Age of the oldest outbox row waiting to be published; 0 when there is none.",
+            registry=r,
+        )
+        self.outbox_published = Counter(
+            p + "outbox_published",
+            "Outbox rows published with a broker confirm and then deleted.",
+            registry=r,
+        )
+        self.outbox_publish_failures = Counter(
+            p + "outbox_publish_failures",
+            "Publishes without a confirm (refused by the broker, or lost with the connection); "
+            "their rows stay in the outbox.",
+            ["reason"],
+            registry=r,
+        )
+        self.outbox_parked = Counter(
+            p + "outbox_parked",
+            "Outbox rows parked after the broker refused them too often (not retried).",
+            registry=r,
+        )
+        self.api_requests = Counter(
+            p + "api_requests", "API requests by route and status.", ["route", "status"], registry=r
+        )
+        self.api_request_duration = Histogram(
+            p + "api_request_duration_seconds",
+            "API request duration, until the response is sent.",
+            ["route"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.api_job_lines = Counter(
+            p + "api_job_lines",
+            "Credit-annotation job lines by outcome (accepted or rejected).",
+            ["outcome"],
+            registry=r,
+        )
         for table in TABLES:
             for counter in (self.rows_attempted, self.rows_inserted, self.rows_ignored):
                 counter.labels(table=table)

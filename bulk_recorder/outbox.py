@@ -1,0 +1,512 @@
+"""Transactional outbox: write helpers for producers, and the :class:`Relay` that empties it.
+
+Producers (the ingest API) call :func:`enqueue` or :func:`copy_to_outbox` inside the database
+transaction that stores their work, then :func:`notify`: the rows exist exactly when the work
+does, and the notification is delivered at commit.
+
+The relay, in each of its lanes, repeats one database transaction:
+
+1. claim up to ``batch_size`` unsent rows in id order with ``FOR UPDATE SKIP LOCKED`` (several
+   lanes and several relay processes take disjoint batches),
+2. publish them all at once on a confirm channel (the whole batch in flight, never one confirm
+   awaited after another) with the message properties of DESIGN.md section 4 and
+   ``mandatory`` set, so that an unroutable message counts as refused, not as sent,
+3. delete the rows the broker confirmed and add them to their jobs' ``published`` count; a
+   refused row gets a later ``available_at`` and is parked after ``max_attempts`` refusals; a
+   row that was in flight when the connection died is left untouched (an outage is not bad data),
+4. commit.
+
+A crash anywhere before the commit rolls back the deletes: the rows are published again and the
+recorder's ``ON CONFLICT (id) DO NOTHING`` absorbs the duplicate. While the broker is down the
+rows wait. Lanes wake on ``LISTEN bulk_recorder_outbox`` and also poll every
+``poll_interval_s`` (a missed notification or a lost listener connection only costs latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aio_pika
+import aiormq
+import asyncpg
+from aiormq.abc import AbstractChannel
+from asyncpg.pool import PoolConnectionProxy
+
+from bulk_recorder.flusher import Backoff
+from bulk_recorder.metrics import Metrics
+from bulk_recorder.migrate import migrate
+from settings import Settings
+
+log = logging.getLogger(__name__)
+
+Connection = asyncpg.Connection | PoolConnectionProxy
+
+OUTBOX_CHANNEL = "bulk_recorder_outbox"
+OUTBOX_COLUMNS = ("record_type", "record_id", "job_id", "body")
+APP_ID = "bulk-recorder-relay"
+
+_CLAIM = """
+SELECT id, record_type, job_id, body
+FROM outbox
+WHERE parked_at IS NULL AND available_at <= now()
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED
+"""
+_DELETE_SENT = "DELETE FROM outbox WHERE id = ANY($1::bigint[])"
+_COUNT_PUBLISHED = """
+UPDATE credit_annotation_jobs AS j SET published = j.published + u.n
+FROM unnest($1::uuid[], $2::int[]) AS u(id, n)
+WHERE j.id = u.id
+"""
+_REFUSED = """
+UPDATE outbox
+SET attempts = attempts + 1,
+    last_error = $2,
+    available_at = now() + make_interval(secs => least(300, 2 ^ least(attempts, 16))),
+    parked_at = CASE WHEN attempts + 1 >= $3 THEN now() END
+WHERE id = ANY($1::bigint[])
+RETURNING job_id, parked_at IS NOT NULL AS parked
+"""
+_COUNT_PARKED = """
+UPDATE credit_annotation_jobs AS j SET dead_lettered = j.dead_lettered + u.n
+FROM unnest($1::uuid[], $2::int[]) AS u(id, n)
+WHERE j.id = u.id
+"""
+_STATS = """
+SELECT count(*) AS backlog,
+       coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 AS oldest
+FROM outbox WHERE parked_at IS NULL
+"""
+
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_BROKER_ERRORS = (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError, RuntimeError)
+
+
+# -- write helpers (producers) ----------------------------------------------------------------
+
+
+async def enqueue(
+    conn: Connection,
+    record_type: str,
+    record_id: str,
+    body: bytes,
+    *,
+    job_id: str | None = None,
+) -> int:
+    """Insert one outbox row in the caller's transaction; returns its id."""
+    row_id = await conn.fetchval(
+        "INSERT INTO outbox (record_type, record_id, job_id, body) VALUES ($1, $2, $3, $4)"
+        " RETURNING id",
+        record_type,
+        record_id,
+        job_id,
+        body,
+    )
+    return int(row_id)
+
+
+async def copy_to_outbox(
+    conn: Connection, rows: Iterable[tuple[str, str, str | None, bytes]]
+) -> None:
+    """COPY many ``(record_type, record_id, job_id, body)`` rows in the caller's transaction."""
+    await conn.copy_records_to_table("outbox", records=rows, columns=OUTBOX_COLUMNS)
+
+
+async def notify(conn: Connection) -> None:
+    """Wake the relays; inside a transaction PostgreSQL delivers it at commit (or never)."""
+    await conn.execute(f"NOTIFY {OUTBOX_CHANNEL}")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    backlog: int
+    oldest_age_s: float
+
+
+async def outbox_stats(conn: Connection) -> OutboxStats:
+    """Rows waiting to be published (parked ones excluded) and the age of the oldest."""
+    row = await conn.fetchrow(_STATS)
+    assert row is not None
+    return OutboxStats(int(row["backlog"]), max(0.0, float(row["oldest"])))
+
+
+def record_stats(metrics: Metrics, stats: OutboxStats) -> None:
+    metrics.outbox_backlog.set(stats.backlog)
+    metrics.outbox_oldest_age.set(stats.oldest_age_s)
+
+
+# -- the relay ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RelayConfig:
+    batch_size: int = 500  # rows claimed, published and deleted per database transaction
+    lanes: int = 2  # concurrent batches in one relay (one DB connection each)
+    poll_interval_s: float = 1.0  # fallback when no notification arrives
+    publish_timeout_s: float = 30.0  # a confirm slower than this counts as an outage
+    max_attempts: int = 10  # broker refusals before a row is parked
+    stats_interval_s: float = 2.0  # how often backlog and oldest age are refreshed
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.lanes < 1 or self.max_attempts < 1:
+            raise ValueError("batch_size, lanes and max_attempts must be >= 1")
+        if self.poll_interval_s <= 0 or self.publish_timeout_s <= 0 or self.stats_interval_s <= 0:
+            raise ValueError("intervals and timeouts must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    claimed: int
+    published: int
+    refused: int  # nacked or returned by the broker
+    lost: int  # no confirm: the connection or channel went away
+
+
+Declare = Callable[[aio_pika.abc.AbstractChannel], Awaitable[None]]
+
+
+class Relay:
+    """Publishes outbox rows; ``run(stop)`` returns after an orderly shutdown.
+
+    ``declare`` is called with a fresh channel after every (re)connect, before the first
+    publish: the service passes its topology declaration so that messages are routable even
+    before a recorder ever ran. Publishes are ``mandatory``: without a bound queue the broker
+    returns them and the rows stay (refused, retried later), they are never dropped.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        config: RelayConfig | None = None,
+        *,
+        declare: Declare | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.config = config or RelayConfig()
+        self.exchange = settings.rabbitmq_exchange
+        self._declare = declare
+        self._pool: asyncpg.Pool | None = None
+        self._channel: AbstractChannel | None = None
+        self._broker_up = asyncio.Event()
+        self._db_ok = False
+        self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
+        self._halt = asyncio.Event()  # stops the background loops once the lanes are done
+
+    # -- readiness --------------------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        broker = "up" if self._broker_up.is_set() else "down"
+        database = "up" if self._db_ok else "down"
+        return self._broker_up.is_set() and self._db_ok, f"broker {broker}, database {database}"
+
+    def wake(self) -> None:
+        """Make every lane look for rows now."""
+        for event in self._wakes:
+            event.set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        s, c = self.settings, self.config
+        log.info(
+            "relay starting: batch_size=%d lanes=%d poll_interval_s=%.2f exchange=%s",
+            c.batch_size,
+            c.lanes,
+            c.poll_interval_s,
+            s.rabbitmq_exchange,
+        )
+        halt = self._halt
+        tasks: list[asyncio.Task[None]] = []
+        lanes: list[asyncio.Task[None]] = []
+        try:
+            if not await self._connect_database(stop):
+                return
+            tasks.append(asyncio.create_task(self._broker_loop(halt), name="relay-broker"))
+            tasks.append(asyncio.create_task(self._listen_loop(halt), name="relay-listen"))
+            tasks.append(asyncio.create_task(self._stats_loop(halt), name="relay-stats"))
+            lanes = [
+                asyncio.create_task(self._lane(i, stop), name=f"relay-lane-{i}")
+                for i in range(c.lanes)
+            ]
+            await stop.wait()
+            log.info("relay stopping: finishing the batches in flight")
+            # A lane finishes its batch (confirmed and deleted, or rolled back); bounded.
+            _, pending = await asyncio.wait(lanes, timeout=c.publish_timeout_s + 5)
+            for task in pending:
+                task.cancel()
+        finally:
+            halt.set()
+            for task in lanes:
+                task.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
+            # The broker loop closes its connection on halt; give it a moment, then cancel.
+            _, pending = await asyncio.wait(tasks, timeout=15) if tasks else (set(), set())
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._pool is not None:
+                try:
+                    await asyncio.wait_for(self._pool.close(), 10)
+                except TimeoutError:
+                    self._pool.terminate()
+            log.info("relay stopped")
+
+    async def _connect_database(self, stop: asyncio.Event) -> bool:
+        backoff = Backoff(base_s=0.2, cap_s=5.0)
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await migrate(self.settings.database_url)
+                self._pool = await asyncpg.create_pool(
+                    self.settings.database_url,
+                    min_size=1,
+                    max_size=self.config.lanes + 1,
+                    command_timeout=60,
+                )
+                self._db_ok = True
+                return True
+            except _DB_ERRORS as exc:
+                log.warning("database not reachable yet (%s); retrying", exc)
+                await _wait(stop, backoff.delay(attempt))
+                attempt += 1
+        return False
+
+    async def _broker_loop(self, stop: asyncio.Event) -> None:
+        backoff = Backoff(base_s=0.2, cap_s=5.0)
+        attempt = 0
+        while not stop.is_set():
+            connection: aio_pika.abc.AbstractConnection | None = None
+            try:
+                connection = await aio_pika.connect(self.settings.rabbitmq_url, timeout=10)
+                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+                if self._declare is not None:
+                    await self._declare(channel)
+                underlay = await channel.get_underlay_channel()
+                self._channel = underlay
+                self._broker_up.set()
+                attempt = 0
+                log.info("relay connected to the broker; publishing to %s", self.exchange)
+                self.wake()
+                closed = asyncio.ensure_future(connection.closed())
+                stopped = asyncio.ensure_future(stop.wait())
+                try:
+                    await asyncio.wait(
+                        {closed, stopped, underlay.closing}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    closed.cancel()
+                    stopped.cancel()
+                if not stop.is_set():
+                    log.warning("relay lost the broker connection; rows wait in the outbox")
+            except _BROKER_ERRORS as exc:
+                log.warning("broker not reachable (%s); rows wait in the outbox", exc)
+                log.debug("broker failure", exc_info=True)
+            finally:
+                self._broker_up.clear()
+                self._channel = None
+                if connection is not None:
+                    with contextlib.suppress(*_BROKER_ERRORS):
+                        await asyncio.wait_for(connection.close(), 10)
+            if stop.is_set():
+                break
+            await _wait(stop, backoff.delay(attempt))
+            attempt += 1
+
+    async def _listen_loop(self, stop: asyncio.Event) -> None:
+        """LISTEN on its own connection; reconnect when it drops (the poll covers the gap)."""
+        backoff = Backoff(base_s=0.2, cap_s=5.0)
+        attempt = 0
+        while not stop.is_set():
+            conn: asyncpg.Connection | None = None
+            lost = asyncio.Event()
+            try:
+                conn = await asyncpg.connect(self.settings.database_url)
+                conn.add_termination_listener(_setter(lost))
+                await conn.add_listener(OUTBOX_CHANNEL, lambda *_args: self.wake())
+                attempt = 0
+                self.wake()  # rows may have arrived while we were not listening
+                stopped = asyncio.ensure_future(stop.wait())
+                gone = asyncio.ensure_future(lost.wait())
+                try:
+                    await asyncio.wait({stopped, gone}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopped.cancel()
+                    gone.cancel()
+            except _DB_ERRORS as exc:
+                log.warning("outbox listener connection failed (%s); polling meanwhile", exc)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(*_DB_ERRORS):
+                        await asyncio.wait_for(conn.close(), 5)
+            if stop.is_set():
+                break
+            await _wait(stop, backoff.delay(attempt))
+            attempt += 1
+
+    async def _stats_loop(self, stop: asyncio.Event) -> None:
+        assert self._pool is not None
+        while not stop.is_set():
+            try:
+                async with self._pool.acquire(timeout=5) as conn:
+                    record_stats(self.metrics, await outbox_stats(conn))
+            except _DB_ERRORS as exc:
+                log.debug("outbox stats failed: %s", exc)
+            await _wait(stop, self.config.stats_interval_s)
+
+    async def _lane(self, index: int, stop: asyncio.Event) -> None:
+        wake = self._wakes[index]
+        backoff = Backoff(base_s=0.2, cap_s=5.0)
+        db_failures = 0
+        while not stop.is_set():
+            if not self._broker_up.is_set():
+                await _wait_any(stop, self._broker_up)
+                continue
+            wake.clear()
+            try:
+                result = await self.relay_batch()
+            except _DB_ERRORS as exc:
+                self._db_ok = False
+                log.warning("outbox batch failed on the database (%s); retrying", exc)
+                await _wait(stop, backoff.delay(db_failures))
+                db_failures += 1
+                continue
+            self._db_ok = True
+            db_failures = 0
+            if result.lost:
+                # The channel went away mid-batch: wait for the broker loop to notice.
+                await _wait(stop, 0.2)
+                continue
+            if result.claimed == self.config.batch_size and not result.refused:
+                continue  # probably more rows: go on without waiting
+            if result.published:
+                continue  # a partial batch: check once more, then sleep
+            await _wait_any(stop, wake, seconds=self.config.poll_interval_s)
+
+    async def relay_batch(self) -> BatchResult:
+        """Claim, publish and settle one batch in one database transaction."""
+        assert self._pool is not None
+        channel = self._channel
+        if channel is None or channel.is_closed:
+            return BatchResult(0, 0, 0, 0)
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_CLAIM, self.config.batch_size)
+            if not rows:
+                return BatchResult(0, 0, 0, 0)
+            outcomes = await asyncio.gather(
+                *(self._publish(channel, row["record_type"], row["body"]) for row in rows),
+                return_exceptions=True,
+            )
+            return await self._settle(conn, rows, outcomes)
+
+    async def _publish(self, channel: AbstractChannel, record_type: str, body: bytes) -> None:
+        # A new Properties object each time: aiormq writes a random message_id into it, which
+        # it uses to match a basic.return with its publish.
+        properties = aiormq.spec.Basic.Properties(
+            content_type="application/json",
+            delivery_mode=2,
+            message_type=record_type,
+            app_id=APP_ID,
+        )
+        confirmation = await channel.basic_publish(
+            body,
+            exchange=self.exchange,
+            routing_key=record_type,
+            properties=properties,
+            mandatory=True,
+            timeout=self.config.publish_timeout_s,
+        )
+        if not isinstance(confirmation, aiormq.spec.Basic.Ack):
+            raise aiormq.exceptions.DeliveryError(None, confirmation)  # type: ignore[arg-type]
+
+    async def _settle(
+        self,
+        conn: Connection,
+        rows: Sequence[asyncpg.Record],
+        outcomes: Sequence[BaseException | None],
+    ) -> BatchResult:
+        sent: list[int] = []
+        refused: list[int] = []
+        lost = 0
+        published_per_job: Counter[str] = Counter()
+        first_error = ""
+        for row, outcome in zip(rows, outcomes, strict=True):
+            if outcome is None:
+                sent.append(row["id"])
+                if row["job_id"] is not None:
+                    published_per_job[str(row["job_id"])] += 1
+            elif isinstance(outcome, aiormq.exceptions.DeliveryError):
+                refused.append(row["id"])
+                first_error = first_error or _refusal_reason(outcome)
+            elif isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            else:
+                lost += 1
+                first_error = first_error or f"{type(outcome).__name__}: {outcome}"
+        if sent:
+            await conn.execute(_DELETE_SENT, sent)
+            if published_per_job:
+                jobs = sorted(published_per_job)  # one lock order for every lane and relay
+                await conn.execute(_COUNT_PUBLISHED, jobs, [published_per_job[j] for j in jobs])
+        parked = 0
+        if refused:
+            updated = await conn.fetch(
+                _REFUSED, refused, first_error[:500], self.config.max_attempts
+            )
+            parked_per_job: Counter[str] = Counter(
+                str(r["job_id"]) for r in updated if r["parked"] and r["job_id"] is not None
+            )
+            parked = sum(1 for r in updated if r["parked"])
+            if parked_per_job:
+                jobs = sorted(parked_per_job)
+                await conn.execute(_COUNT_PARKED, jobs, [parked_per_job[j] for j in jobs])
+        # Counted here, before the commit: a failed commit re-publishes these rows (a duplicate
+        # the recorder absorbs), so the counter may run ahead of the table, never behind.
+        self.metrics.outbox_published.inc(len(sent))
+        if refused:
+            self.metrics.outbox_publish_failures.labels(reason="refused").inc(len(refused))
+            log.warning("broker refused %d outbox rows: %s", len(refused), first_error)
+        if parked:
+            self.metrics.outbox_parked.inc(parked)
+            log.error("parked %d outbox rows after %d refusals", parked, self.config.max_attempts)
+        if lost:
+            self.metrics.outbox_publish_failures.labels(reason="lost").inc(lost)
+            log.warning("%d publishes lost their confirm (%s); rows stay", lost, first_error)
+        return BatchResult(len(rows), len(sent), len(refused), lost)
+
+
+def _refusal_reason(exc: aiormq.exceptions.DeliveryError) -> str:
+    if isinstance(exc, aiormq.exceptions.PublishError):
+        frame: Any = exc.frame
+        return f"returned: {getattr(frame, 'reply_code', '?')} {getattr(frame, 'reply_text', '')}"
+    return "nacked by the broker"
+
+
+def _setter(event: asyncio.Event) -> Callable[[object], None]:
+    def set_event(_: object) -> None:
+        event.set()
+
+    return set_event
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def _wait_any(*events: asyncio.Event, seconds: float | None = None) -> None:
+    """Until one of ``events`` is set, or ``seconds`` passed."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

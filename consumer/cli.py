@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from bulk_recorder.logs import setup_logging
+from consumer.producer import cmd_api, cmd_relay
 from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--samples", type=int, default=3)
     rep = dlq_sub.add_parser("replay", help="move messages back to the main exchange")
     rep.add_argument("--limit", type=_positive_int, default=None)
+
+    sub.add_parser("api", help="serve the ingest API on API_HOST:API_PORT until SIGTERM")
+    relay = sub.add_parser("relay", help="publish outbox rows with confirms until SIGTERM")
+    relay.add_argument("--batch-size", type=_positive_int, default=500, help="rows a claim")
+    relay.add_argument("--lanes", type=_positive_int, default=2, help="concurrent batches")
+    relay.add_argument(
+        "--poll-interval", type=float, default=1.0, help="seconds between polls without NOTIFY"
+    )
     return parser
 
 
@@ -173,6 +182,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "publish": cmd_publish,
     "demo": cmd_demo,
     "dlq": cmd_dlq,
+    "api": cmd_api,
+    "relay": cmd_relay,
 }
 
 

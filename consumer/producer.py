@@ -1,0 +1,83 @@
+"""The producer-side commands: ``bulk-recorder api`` and ``bulk-recorder relay``.
+
+Both get the settings built once by :func:`consumer.cli.main`. ``api`` runs uvicorn on uvloop
+with httptools; uvicorn handles SIGTERM/SIGINT itself (stop accepting, finish requests in
+flight within ``BULK_RECORDER_SHUTDOWN_TIMEOUT_S``, run the lifespan shutdown that closes the
+pool). ``relay`` runs :class:`bulk_recorder.outbox.Relay` until SIGTERM/SIGINT; batches in
+flight finish (confirmed and deleted, or rolled back and published again later).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from aio_pika.abc import AbstractChannel
+
+from settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from bulk_recorder.api import create_app
+    from consumer.cli import run_async
+
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_config=None,  # keep the service's logging set-up
+        access_log=False,  # one line a request would cost more than the request; see /metrics
+        server_header=False,
+        timeout_graceful_shutdown=int(settings.bulk_recorder_shutdown_timeout_s),
+    )
+    server = uvicorn.Server(config)
+    run_async(server.serve())
+    if not server.started:
+        log.error("the API did not start (see the errors above)")
+        return 1
+    return 0
+
+
+def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
+    from bulk_recorder.outbox import Relay, RelayConfig
+    from consumer.cli import run_async, with_stop_signals
+    from consumer.health import HealthServer
+    from consumer.topology import Topology, declare_topology
+
+    try:
+        config = RelayConfig(
+            batch_size=args.batch_size, lanes=args.lanes, poll_interval_s=args.poll_interval
+        )
+    except ValueError as exc:
+        print(f"bulk-recorder relay: {exc}", file=sys.stderr)
+        return 2
+    topology = Topology.from_settings(settings)
+
+    async def declare(channel: AbstractChannel) -> None:
+        await declare_topology(channel, topology)
+
+    async def body(stop: asyncio.Event) -> int:
+        relay = Relay(settings, config=config, declare=declare)
+        health: HealthServer | None = None
+        if settings.metrics_port:
+            health = HealthServer(
+                relay.metrics.registry, relay.ready, "0.0.0.0", settings.metrics_port
+            )
+            await health.start()
+        try:
+            await relay.run(stop)
+        finally:
+            if health is not None:
+                await health.stop()
+        return 0
+
+    return run_async(with_stop_signals(body))

@@ -1,0 +1,154 @@
+"""Helpers for the producer-side tests: the API in process, a relay in process, a TCP proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import asyncpg
+import httpx
+from aio_pika.abc import AbstractChannel
+
+from bulk_recorder.api import create_app
+from bulk_recorder.metrics import Metrics
+from bulk_recorder.outbox import Relay, RelayConfig
+from consumer.topology import Topology, declare_topology
+from settings import Settings
+
+
+@contextlib.asynccontextmanager
+async def api_client(
+    settings: Settings, *, raise_app_exceptions: bool = True, **options: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, Metrics]]:
+    """The app in process (lifespan included) behind an httpx client."""
+    metrics = Metrics()
+    app = create_app(settings, metrics=metrics, **options)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://api") as client,
+    ):
+        yield client, metrics
+
+
+def declare_for(settings: Settings) -> Any:
+    topology = Topology.from_settings(settings)
+
+    async def declare(channel: AbstractChannel) -> None:
+        await declare_topology(channel, topology)
+
+    return declare
+
+
+@dataclass
+class RunningRelay:
+    relay: Relay
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.relay.metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+    @property
+    def published(self) -> float:
+        return self.value("bulk_recorder_outbox_published_total")
+
+    async def shutdown(self, timeout: float = 60) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout)
+
+
+@contextlib.asynccontextmanager
+async def running_relay(
+    settings: Settings, config: RelayConfig | None = None, *, declare: Any = "default"
+) -> AsyncIterator[RunningRelay]:
+    relay = Relay(
+        settings,
+        Metrics(),
+        config or RelayConfig(batch_size=200, poll_interval_s=0.2),
+        declare=declare_for(settings) if declare == "default" else declare,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+    handle = RunningRelay(relay, stop, task)
+    try:
+        yield handle
+    finally:
+        if not task.done():
+            await handle.shutdown()
+        elif not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+def ndjson(objects: list[dict[str, Any]]) -> bytes:
+    return b"\n".join(json.dumps(o).encode() for o in objects) + b"\n"
+
+
+def expected_balances(transactions: list[dict[str, Any]]) -> dict[tuple[str, str], Decimal]:
+    """Balance per (account, asset) from unique APPROVED transactions: credits minus debits."""
+    unique = {t["id"]: t for t in transactions}
+    out: dict[tuple[str, str], Decimal] = {}
+    for t in unique.values():
+        if t["status"] != "APPROVED":
+            continue
+        for op in t["operations"]:
+            key = (op["account_id"], op["asset_code"])
+            amount = Decimal(str(op["amount"]))
+            out[key] = out.get(key, Decimal(0)) + (amount if op["type"] == "CREDIT" else -amount)
+    return out
+
+
+async def balances(conn: asyncpg.Connection) -> dict[tuple[str, str], Decimal]:
+    rows = await conn.fetch("SELECT account_id::text, asset_code, available FROM balances")
+    return {(r["account_id"], r["asset_code"]): r["available"] for r in rows}
+
+
+class TcpProxy:
+    """A TCP forwarder the test can cut (close every connection, refuse new ones) and restore."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.target_port = host, port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.connections = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self.host, self.target_port)
+        except OSError:
+            writer.transport.abort()
+            return
+        self.connections += 1
+        self._writers.update((writer, up_writer))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers.difference_update((writer, up_writer))

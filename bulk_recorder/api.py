@@ -61,7 +61,14 @@ MAX_IDEMPOTENCY_KEY_LEN: Final = 255
 COPY_BATCH_ROWS: Final = 5_000
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+# InternalClientError: what asyncpg raises on a connection the server has just terminated.
+_DB_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 
 
 # -- OpenAPI models (the wire format is validated by decode(); these document it) -------------

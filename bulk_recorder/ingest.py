@@ -209,6 +209,11 @@ class JsonArrayParser:
                 except json.JSONDecodeError as exc:
                     if not final and end_of_text - pos <= self._limit:
                         break  # probably cut by the chunk boundary: wait for more
+                    if final and exc.pos >= end_of_text:
+                        raise FormatError(
+                            f"unexpected end of body in element {self._count + 1}: the JSON "
+                            "array is not closed"
+                        ) from None
                     raise FormatError(
                         f"element {self._count + 1}: invalid JSON ({exc.msg}) or larger than "
                         f"{self._limit} bytes"

@@ -85,7 +85,14 @@ SELECT count(*) AS backlog,
 FROM outbox WHERE parked_at IS NULL
 """
 
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+# InternalClientError: what asyncpg raises on a connection the server has just terminated.
+_DB_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 _BROKER_ERRORS = (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError, RuntimeError)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 
 from aio_pika.abc import AbstractChannel
@@ -40,11 +41,19 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.bulk_recorder_shutdown_timeout_s),
     )
     server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has shut down; a graceful stop on
+    # SIGTERM is a clean exit here (status 0), as for `consume` and `relay`.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _ignore)
     run_async(server.serve())
     if not server.started:
         log.error("the API did not start (see the errors above)")
         return 1
     return 0
+
+
+def _ignore(signum: int, frame: object) -> None:
+    log.debug("signal %d after shutdown ignored", signum)
 
 
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:

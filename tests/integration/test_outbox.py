@@ -82,7 +82,7 @@ async def test_failure_in_the_middle_of_a_job_copy_leaves_no_job_and_no_outbox_r
     gen = Generator.create(2)
     lines = [gen.credit_annotation() for _ in range(50)]
     calls = 0
-    real_copy = api_module.copy_to_outbox
+    from bulk_recorder.outbox import copy_to_outbox as real_copy
 
     async def copy_then_fail(conn, rows):
         nonlocal calls
@@ -258,7 +258,7 @@ async def test_crash_between_publish_and_delete_only_duplicates(
         await wait_for(lambda: second.published == 500, timeout=60)
 
         async def absorbed() -> bool:
-            return recorder.value("bulk_recorder_messages_acked_total") >= 700
+            return bool(recorder.value("bulk_recorder_messages_acked_total") >= 700)
 
         await wait_for(absorbed, timeout=60)
     assert await count(conn, "credit_annotations") == 500

@@ -1,0 +1,119 @@
+"""Streaming job parsers: the same lines whatever the chunk boundaries, bounded buffering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bulk_recorder.ingest import FormatError, JobIntake, parser_for
+
+A = {
+    "id": "0193a3c4-0000-7000-8000-000000000001",
+    "document": "529.982.247-25",
+    "kind": "RESTRICTION",
+    "creditor": 'Banco "Ação", S.A.',
+    "amount": "1200.00",
+    "occurred_on": "2026-11-20",
+    "reason": "two\nlines",
+}
+B = dict(A, id="0193a3c4-0000-7000-8000-000000000002", document="12.ABC.345/01DE-35")
+JOB = "0193a3c4-0000-7000-8000-0000000000ff"
+
+NDJSON = (json.dumps(A, ensure_ascii=False) + "\n\n" + json.dumps(B) + "\r\nnot json\n").encode()
+ARRAY = json.dumps([A, 7, B], ensure_ascii=False, indent=1).encode()
+_REST = 'RESTRICTION,"Banco ""Ação"", S.A.",1200.00,2026-11-20,"two\nlines"\r\n'
+CSV = (
+    "\ufeffid,document,kind,creditor,amount,occurred_on,reason\r\n"
+    f"{A['id']},{A['document']},{_REST}"
+    f"{B['id']},{B['document']},{_REST}"
+    "x,y\n"
+).encode()
+
+BODIES = {"ndjson": NDJSON, "json": ARRAY, "csv": CSV}
+
+
+def run(fmt: str, chunks: list[bytes], limit: int = 4096):
+    parser = parser_for(fmt, limit)
+    items = []
+    for chunk in chunks:
+        items.extend(parser.feed(chunk))
+    items.extend(parser.finish())
+    return items
+
+
+def split(body: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(c, len(body)) for c in cuts})
+    out, start = [], 0
+    for p in points:
+        out.append(body[start:p])
+        start = p
+    out.append(body[start:])
+    return out
+
+
+@pytest.mark.parametrize("fmt", sorted(BODIES))
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=700), max_size=12))
+def test_chunk_boundaries_do_not_change_the_lines(fmt: str, cuts: list[int]) -> None:
+    body = BODIES[fmt]
+    assert run(fmt, split(body, cuts)) == run(fmt, [body])
+
+
+def test_line_numbers_and_canonical_bodies() -> None:
+    for fmt, rejected_line in (("ndjson", 4), ("json", 2), ("csv", 6)):
+        intake = JobIntake(JOB, parser_for(fmt, 4096), max_body_bytes=4096, max_lines=10)
+        intake.feed(BODIES[fmt])
+        intake.finish()
+        assert intake.accepted == 2, fmt
+        assert [n for n, _ in intake.rejections] == [rejected_line], fmt
+        bodies = [json.loads(row[3]) for row in intake.take_rows()]
+        assert [b["id"] for b in bodies] == [A["id"], B["id"]]
+        assert all(b["job_id"] == JOB for b in bodies)
+        assert bodies[0]["document"] == "52998224725"
+        assert bodies[1]["document"] == "12ABC34501DE35"
+        assert bodies[0]["creditor"] == A["creditor"]
+        assert bodies[0]["reason"] == "two\nlines"
+
+
+def test_an_overlong_ndjson_line_is_rejected_without_being_buffered() -> None:
+    parser = parser_for("ndjson", 100)
+    items = parser.feed(b'{"a": "' + b"x" * 150)
+    assert items == []
+    items = parser.feed(b"y" * 10_000)  # still the same line: nothing kept
+    assert items == []
+    items = parser.feed(b'"}\n{"b": 1}\n')
+    assert items == [(1, "line longer than 100 bytes"), (2, b'{"b": 1}')]
+
+
+def test_json_array_errors_name_the_element() -> None:
+    with pytest.raises(FormatError, match="after element 1"):
+        run("json", [b'[{"a": 1} x'])
+    with pytest.raises(FormatError, match="unexpected end of body in element 2"):
+        run("json", [b'[{"a": 1}, {"b"'])
+    with pytest.raises(FormatError, match="element 1: invalid JSON"):
+        run("json", [b"[{oops}]"], limit=4)
+    assert run("json", [b"[]"]) == []
+
+
+def test_csv_invalid_utf8_and_unclosed_quote() -> None:
+    with pytest.raises(FormatError, match="not valid UTF-8"):
+        run("csv", [b"id,document\n\xff\n"])
+    header = b"id,document,kind,creditor,amount,occurred_on\n"
+    with pytest.raises(FormatError, match="line 2: a quoted field is never closed"):
+        run("csv", [header + b'1,"2\n'])
+
+
+def test_repeated_id_and_line_limit() -> None:
+    from bulk_recorder.ingest import TooManyLines
+
+    body = (json.dumps(A) + "\n" + json.dumps(A) + "\n").encode()
+    intake = JobIntake(JOB, parser_for("ndjson", 4096), max_body_bytes=4096, max_lines=5)
+    intake.feed(body)
+    intake.finish()
+    assert (intake.accepted, intake.rejections) == (1, [(2, "id: repeats line 1")])
+    small = JobIntake(JOB, parser_for("ndjson", 4096), max_body_bytes=4096, max_lines=1)
+    with pytest.raises(TooManyLines):
+        small.feed(body)

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import asyncpg
 import httpx
 from aio_pika.abc import AbstractChannel
 
@@ -103,7 +102,7 @@ def expected_balances(transactions: list[dict[str, Any]]) -> dict[tuple[str, str
     return out
 
 
-async def balances(conn: asyncpg.Connection) -> dict[tuple[str, str], Decimal]:
+async def balances(conn: Any) -> dict[tuple[str, str], Decimal]:
     rows = await conn.fetch("SELECT account_id::text, asset_code, available FROM balances")
     return {(r["account_id"], r["asset_code"]): r["available"] for r in rows}
 

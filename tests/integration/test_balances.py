@@ -1,0 +1,224 @@
+"""Exactly-once effects: balances equal the sum of the unique APPROVED transactions, whatever
+duplicates, redeliveries, concurrent writers or recorder kills happen on the way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from bulk_recorder.loadgen import Generator
+from bulk_recorder.migrate import migrate
+from bulk_recorder.outbox import enqueue, notify
+from bulk_recorder.records import Transaction, decode
+from bulk_recorder.writer import PgWriter
+from tests.conftest import settings_env, wait_for
+from tests.integration.producer_support import (
+    api_client,
+    balances,
+    expected_balances,
+    running_relay,
+)
+
+pytestmark = [pytest.mark.postgres]
+
+
+def ledger(seed: int, count: int, accounts: int = 8) -> list[dict[str, Any]]:
+    """Transactions over a few hot accounts, two assets, all three statuses."""
+    gen = Generator.create(seed)
+    gen.accounts = gen.accounts[:accounts]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        tx = gen.transaction()
+        roll = rng.random()
+        tx["status"] = "APPROVED" if roll < 0.7 else ("PENDING" if roll < 0.85 else "CANCELED")
+        if rng.random() < 0.3:
+            tx["asset_code"] = "USD"
+            for op in tx["operations"]:
+                op["asset_code"] = "USD"
+        out.append(tx)
+    return out
+
+
+def records(transactions: list[dict[str, Any]]) -> list[Transaction]:
+    out = []
+    for tx in transactions:
+        record = decode(json.dumps(tx).encode(), "transaction")
+        assert isinstance(record, Transaction)
+        out.append(record)
+    return out
+
+
+async def test_writer_moves_balances_once_per_new_approved_transaction(database_url) -> None:
+    await migrate(database_url)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=8)
+    try:
+        writer = PgWriter(pool)
+        txs = ledger(1, 300)
+        batch = records(txs)
+        first = await writer.write(batch + batch[:50])  # repeats inside one flush
+        assert first.tables["transactions"].inserted == 300
+        assert first.tables["transactions"].ignored == 50
+        again = await writer.write(batch)  # a whole redelivered flush
+        assert again.tables["transactions"].inserted == 0
+        assert "balances" not in again.tables  # no effect at all for old transactions
+        async with pool.acquire() as conn:
+            assert await balances(conn) == expected_balances(txs)
+            assert {r[0] for r in await conn.fetch("SELECT DISTINCT asset_code FROM balances")} == {
+                "BRL",
+                "USD",
+            }
+    finally:
+        await pool.close()
+
+
+async def test_concurrent_writers_on_hot_accounts_neither_deadlock_nor_drift(database_url) -> None:
+    """Overlapping flushes on 4 accounts: keys applied in one order, every flush commits."""
+    await migrate(database_url)
+    pool = await asyncpg.create_pool(database_url, min_size=8, max_size=8)
+    try:
+        writer = PgWriter(pool)
+        txs = ledger(2, 1600, accounts=4)
+        flushes = [records(txs[i : i + 100]) for i in range(0, 1600, 100)]
+        # Every flush twice, concurrently with the others: duplicates race their originals.
+        results = await asyncio.gather(*(writer.write(f) for f in flushes + flushes[::-1]))
+        inserted = sum(r.tables["transactions"].inserted for r in results)
+        assert inserted == 1600
+        async with pool.acquire() as conn:
+            assert await balances(conn) == expected_balances(txs)
+    finally:
+        await pool.close()
+
+
+async def test_duplicates_and_two_recorders_give_exact_balances(
+    make_settings, start_recorder, broker, db
+) -> None:
+    settings = make_settings(bulk_recorder_size=50, rabbitmq_numbers_of_workers=3)
+    txs = ledger(3, 1500)
+    rng = random.Random(3)
+    messages = [(json.dumps(tx).encode(), "transaction") for tx in txs]
+    messages += [messages[i] for i in rng.sample(range(1500), 500)]  # published twice
+    rng.shuffle(messages)
+    one = await start_recorder(settings)
+    two = await start_recorder(settings)
+    await broker.publish_many(messages)
+
+    def acked() -> float:
+        return float(
+            one.value("bulk_recorder_messages_acked_total")
+            + two.value("bulk_recorder_messages_acked_total")
+        )
+
+    await wait_for(lambda: acked() == 2000, timeout=90)
+    conn = await db()
+    assert await conn.fetchval("SELECT count(*) FROM transactions") == 1500
+    assert await conn.fetchval("SELECT count(*) FROM operations") == 3000
+    assert await balances(conn) == expected_balances(txs)
+    ignored = sum(
+        r.value("bulk_recorder_rows_ignored_total", table="transactions") for r in (one, two)
+    )
+    assert ignored == 500
+
+
+async def test_recorder_killed_mid_run_redeliveries_do_not_move_balances_twice(
+    make_settings, start_recorder, broker, db, tmp_path: Path
+) -> None:
+    settings = make_settings(bulk_recorder_size=100)
+    txs = ledger(4, 5000)
+    log_path = tmp_path / "recorder.log"
+    conn = None
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - killed below, waited in a thread
+            [sys.executable, "-m", "consumer"],
+            env=settings_env(settings),
+            stdout=log_file,
+            stderr=log_file,
+        )
+        try:
+            await broker.publish_many([(json.dumps(tx).encode(), "transaction") for tx in txs])
+            await wait_for(lambda: _database_exists(settings.database_url), timeout=30)
+            conn = await db()
+
+            async def midway() -> bool:
+                return bool(await conn.fetchval("SELECT count(*) FROM transactions") >= 1000)
+
+            await wait_for(midway, timeout=60)
+            proc.send_signal(signal.SIGKILL)
+            assert await asyncio.to_thread(proc.wait, 30) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert conn is not None
+    before = await conn.fetchval("SELECT count(*) FROM transactions")
+    assert before < 5000, "the kill came too late to test anything"
+    recorder = await start_recorder(settings)
+
+    async def done() -> bool:
+        return bool(await conn.fetchval("SELECT count(*) FROM transactions") == 5000)
+
+    await wait_for(done, timeout=90)
+    await wait_for(lambda: _queue_empty(broker), timeout=30)
+    assert await balances(conn) == expected_balances(txs)
+    assert await conn.fetchval("SELECT count(*) FROM operations") == 10_000
+    assert recorder.value("bulk_recorder_messages_dead_lettered_total", reason="validation") == 0
+
+
+async def _database_exists(dsn: str) -> bool:
+    try:
+        conn = await asyncpg.connect(dsn)
+    except (OSError, asyncpg.PostgresError):
+        return False
+    try:
+        return bool(await conn.fetchval("SELECT to_regclass('balances') IS NOT NULL"))
+    finally:
+        await conn.close()
+
+
+async def _queue_empty(broker) -> bool:
+    return bool(await broker.ready_count(broker.topology.queue) == 0)
+
+
+async def test_api_repeats_and_republished_outbox_rows_move_balances_once(
+    make_settings, start_recorder, db
+) -> None:
+    """Async path: every transaction POSTed twice, then every outbox row published again (as
+    after a relay crash between the confirms and the delete)."""
+    settings = make_settings(bulk_recorder_size=20)
+    txs = ledger(5, 120)
+    async with api_client(settings) as (client, _):
+        for tx in txs:
+            for _ in range(2):
+                response = await client.post("/v1/transactions", json=tx)
+                assert response.status_code == 202
+    conn = await db()
+    bodies = await conn.fetch("SELECT record_type, record_id::text, body FROM outbox")
+    assert len(bodies) == 120
+    recorder = await start_recorder(settings)
+
+    def received() -> float:
+        return float(recorder.value("bulk_recorder_messages_acked_total"))
+
+    async with running_relay(settings) as relay:
+        await wait_for(lambda: relay.published == 120, timeout=30)
+        await wait_for(lambda: received() == 120, timeout=30)
+        balances_once = await balances(conn)
+        async with conn.transaction():
+            for row in bodies:
+                await enqueue(conn, row["record_type"], row["record_id"], bytes(row["body"]))
+            await notify(conn)
+        await wait_for(lambda: relay.published == 240, timeout=30)
+        await wait_for(lambda: received() == 240, timeout=30)
+    assert await conn.fetchval("SELECT count(*) FROM transactions") == 120
+    assert balances_once == expected_balances(txs)
+    assert await balances(conn) == balances_once
+    assert recorder.value("bulk_recorder_rows_ignored_total", table="transactions") == 120

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from benchmarks.bench_limits import consume
 from benchmarks.common import (
@@ -90,13 +91,17 @@ async def calibrate(latency_ms: float) -> tuple[float, float, float]:
 
 
 async def run_recorder(
-    record_type: str, count: int, config: RecorderConfig, proxy_port: int | None
+    record_type: str,
+    count: int,
+    config: RecorderConfig,
+    proxy_port: int | None,
+    src: Path | None = None,
 ) -> tuple[float, float, float, float]:
     """Fill, drain with the recorder; (msg/s, recorder us/msg, PG ms per 1k, mean flush)."""
     async with temp_topology("bench_e2e") as topology, temp_database("bench_e2e") as (dsn, name):
         await fill(topology, count, record_type)
         recorder_dsn = with_port(dsn, proxy_port) if proxy_port else dsn
-        recorder = RecorderProcess(recorder_dsn, topology, config)
+        recorder = RecorderProcess(recorder_dsn, topology, config, src=src)
         try:
             result = await drain([recorder], count, PgCpu(database_url(), name))
         finally:
@@ -137,6 +142,7 @@ async def main_async(args: argparse.Namespace) -> None:
         f"(per-message); raw consumers use QoS {qos}.",
     )
     latencies = {}
+    alts = {name: Path(path) for name, _, path in (a.partition("=") for a in args.alt)}
     for latency in args.db_latency_ms:
         if latency > 0:
             delay, direct, measured = await calibrate(latency)
@@ -150,7 +156,7 @@ async def main_async(args: argparse.Namespace) -> None:
     for run in range(args.runs):
         for record_type in args.types:
             for latency in args.db_latency_ms:
-                modes = ["bulk", "per-message"]
+                modes = ["bulk", "per-message", *(f"bulk [{name}]" for name in alts)]
                 if latency == args.db_latency_ms[0]:
                     modes += [k for k in RAW if k.split()[1] in args.raw]
                 shift = run % len(modes)
@@ -166,9 +172,12 @@ async def main_async(args: argparse.Namespace) -> None:
                         fig.rate.add(rate)
                         fig.recorder_us.add(cpu_us)
                         continue
-                    config = bulk if mode == "bulk" else single
+                    config = single if mode == "per-message" else bulk
+                    src = alts.get(mode[6:-1]) if mode.startswith("bulk [") else None
                     with maybe_proxy(latency, latencies.get(latency, 0.0)) as port:
-                        rate, us, pg, flush = await run_recorder(record_type, count, config, port)
+                        rate, us, pg, flush = await run_recorder(
+                            record_type, count, config, port, src
+                        )
                     fig.rate.add(rate)
                     fig.recorder_us.add(us)
                     fig.pg_ms_per_1k.add(pg)
@@ -203,7 +212,8 @@ def report(figures: dict[tuple[str, float, str], Figures], args: argparse.Namesp
             limit = figures.get((record_type, base_latency, "raw aio-pika"))
             limit2 = figures.get((record_type, base_latency, "raw aiormq"))
             per_msg = figures[(record_type, latency, "per-message")]
-            for mode in ("raw aio-pika", "raw aiormq", "bulk", "per-message"):
+            alt_modes = [f"bulk [{a.partition('=')[0]}]" for a in args.alt]
+            for mode in ("raw aio-pika", "raw aiormq", "bulk", *alt_modes, "per-message"):
                 key_latency = base_latency if mode in RAW else latency
                 fig = figures.get((record_type, key_latency, mode))
                 if fig is None:
@@ -213,9 +223,9 @@ def report(figures: dict[tuple[str, float, str], Figures], args: argparse.Namesp
                         record_type,
                         mode,
                         fig.rate.fmt(),
-                        ratio(fig.rate, limit.rate).fmt(2) + "x" if limit else "-",
-                        ratio(fig.rate, limit2.rate).fmt(2) + "x" if limit2 else "-",
-                        ratio(fig.rate, per_msg.rate).fmt(1) + "x",
+                        ratio(fig.rate, limit.rate).fmt(2, "x") if limit else "-",
+                        ratio(fig.rate, limit2.rate).fmt(2, "x") if limit2 else "-",
+                        ratio(fig.rate, per_msg.rate).fmt(1, "x"),
                         fig.recorder_us.fmt(1),
                         fig.pg_ms_per_1k.fmt(0) if fig.pg_ms_per_1k.values else "-",
                         fig.flush_mean.fmt(0) if fig.flush_mean.values else "-",
@@ -231,7 +241,7 @@ def report(figures: dict[tuple[str, float, str], Figures], args: argparse.Namesp
                     "",
                     "",
                     "",
-                    ratio(per_msg.pg_ms_per_1k, bulk.pg_ms_per_1k).fmt(1) + "x",
+                    ratio(per_msg.pg_ms_per_1k, bulk.pg_ms_per_1k).fmt(1, "x"),
                     "",
                 )
             )
@@ -279,6 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--raw", nargs="*", choices=("aio-pika", "aiormq"), default=["aio-pika", "aiormq"]
+    )
+    parser.add_argument(
+        "--alt",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also run bulk mode from another source tree (a scratch copy with a change), "
+        "in the same rounds",
     )
     parser.add_argument("--json", help="write raw results here (for the charts)")
     return parser

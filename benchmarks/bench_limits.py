@@ -376,7 +376,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     kind,
                     stat.fmt(),
                     consume_cpu[(kind, prefetch)].fmt(1),
-                    ratio(stat, base).fmt(2) + "x",
+                    ratio(stat, base).fmt(2, "x"),
                 )
             )
     emit(

@@ -352,7 +352,7 @@ def report(
                     stat = results.get((table_name, order, dup, method))
                     if stat is None:
                         continue
-                    vs = ratio(stat, base).fmt(2) + "x" if base is not None else "-"
+                    vs = ratio(stat, base).fmt(2, "x") if base is not None else "-"
                     rows.append((f"ids {order}", f"{dup}%", method, stat.fmt(), vs))
         emit(
             f"Writer: {table_name}, 1,000-row chunks, one transaction each "

@@ -91,7 +91,7 @@ class Stat:
             return "-"
         f = f"{{:,.{digits}f}}"
         core = f.format(self.median) + unit
-        if len(self.values) == 1:
+        if len(self.values) == 1 or self.low == self.high:
             return core
         return f"{core} ({f.format(self.low)}-{f.format(self.high)})"
 
@@ -415,7 +415,10 @@ class RecorderProcess:
         *,
         log_path: Path | None = None,
         wrap: Sequence[str] = (),
+        src: Path | None = None,
     ) -> None:
+        """``src``: run the recorder from another source tree (a scratch copy with a change to
+        measure); its packages shadow the installed ones because it is the working directory."""
         self.port = free_port()
         self.config = config
         env = dict(os.environ)
@@ -438,7 +441,7 @@ class RecorderProcess:
         self._log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [*wrap, sys.executable, "-m", "consumer"],
-            cwd=REPO,
+            cwd=src or REPO,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Annotated, Any, Final, Literal, cast
 
@@ -60,6 +60,10 @@ DEFAULT_MAX_JOB_LINES: Final = 1_000_000
 MAX_IDEMPOTENCY_KEY_LEN: Final = 255
 COPY_BATCH_ROWS: Final = 5_000
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
+# A job's recorded count is a count(*) over its rows (300,000 at the end of the main job): one
+# count a second per job serves any number of clients polling for a progress bar.
+RECORDED_COUNT_TTL_S: Final = 1.0
+_RECORDED_CACHE_MAX: Final = 10_000
 
 # InternalClientError: what asyncpg raises on a connection the server has just terminated.
 _DB_ERRORS = (
@@ -335,6 +339,7 @@ class _Context:
     max_job_lines: int
     pool_max_size: int
     pool: asyncpg.Pool | None = None
+    recorded_cache: dict[uuid.UUID, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def db(self) -> asyncpg.Pool:
@@ -741,6 +746,21 @@ def _no_valid_line(intake: JobIntake) -> ApiError:
     )
 
 
+async def _recorded(
+    ctx: _Context, conn: asyncpg.pool.PoolConnectionProxy, job_id: uuid.UUID
+) -> int:
+    """The job's recorded rows, counted at most once every RECORDED_COUNT_TTL_S."""
+    now = time.monotonic()
+    cached = ctx.recorded_cache.get(job_id)
+    if cached is not None and now - cached[0] < RECORDED_COUNT_TTL_S:
+        return cached[1]
+    recorded = int(await conn.fetchval(_RECORDED, job_id))
+    if len(ctx.recorded_cache) >= _RECORDED_CACHE_MAX:
+        ctx.recorded_cache.clear()
+    ctx.recorded_cache[job_id] = (now, recorded)
+    return recorded
+
+
 async def _job_status(ctx: _Context, job_id: uuid.UUID) -> JobStatus:
     try:
         async with ctx.db.acquire(timeout=10) as conn:
@@ -752,9 +772,10 @@ async def _job_status(ctx: _Context, job_id: uuid.UUID) -> JobStatus:
             if completed_at is not None:
                 recorded = int(row["recorded"])
             else:
-                recorded = int(await conn.fetchval(_RECORDED, job_id))
+                recorded = await _recorded(ctx, conn, job_id)
                 if recorded + dead >= accepted:
                     completed_at = await conn.fetchval(_COMPLETE_JOB, job_id, recorded)
+                    ctx.recorded_cache.pop(job_id, None)
     except ApiError:
         raise
     except _DB_ERRORS as exc:

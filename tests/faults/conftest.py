@@ -1,0 +1,166 @@
+"""Fault fixtures: TCP proxies in front of PostgreSQL and RabbitMQ, and real recorder processes.
+
+``pg_proxy`` / ``mq_proxy`` forward to the test services; point a recorder at them with
+``via_proxy(url, proxy)``. ``recorders`` starts ``python -m consumer`` subprocesses with the
+environment built from a :class:`Settings` (the same variables an operator sets), and can
+SIGKILL, SIGTERM and restart them. Every process is stopped at the end of the test and its log
+is printed when the test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from settings import Settings
+from tests.conftest import Services
+from tests.faults.proxy import TcpProxy
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Longer runs (more records, more faults) with SOAK=1 (`make soak`).
+SOAK = os.environ.get("SOAK", "") not in ("", "0")
+
+
+def scale(quick: int, soak: int) -> int:
+    return soak if SOAK else quick
+
+
+def via_proxy(url: str, proxy: TcpProxy) -> str:
+    """``url`` with its host and port replaced by the proxy's."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = (userinfo + "@" if userinfo else "") + f"127.0.0.1:{proxy.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _target(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+@pytest.fixture
+async def pg_proxy(services: Services) -> AsyncIterator[TcpProxy]:
+    async with TcpProxy(*_target(services.database_url, 5432)) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+async def mq_proxy(services: Services) -> AsyncIterator[TcpProxy]:
+    async with TcpProxy(*_target(services.rabbitmq_url, 5672)) as proxy:
+        yield proxy
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment variables that reproduce ``settings`` in a child process."""
+    env = {k: v for k, v in os.environ.items() if k not in _setting_names()}
+    for name, value in settings.model_dump().items():
+        env[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _setting_names() -> set[str]:
+    return {name.upper() for name in Settings.model_fields}
+
+
+class RecorderProcess:
+    """One ``python -m consumer`` child process; its output goes to a log file."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self.kills = 0
+        self.starts = 0
+
+    async def start(self) -> None:
+        assert self.proc is None or self.proc.returncode is not None
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== start #{self.starts} =====\n".encode())
+            log.flush()
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "consumer",
+                cwd=REPO,
+                env=settings_env(self.settings),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def kill(self) -> None:
+        """SIGKILL: no shutdown flush, no acks, no goodbye to the broker or the database."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        await self.proc.wait()
+        self.kills += 1
+
+    async def terminate(self, timeout: float = 60) -> int:
+        """SIGTERM and wait for the orderly shutdown; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+                raise AssertionError(f"recorder did not stop within {timeout} s") from None
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+async def recorders(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[RecorderPool]:
+    pool = RecorderPool(tmp_path)
+    yield pool
+    await pool.close()
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        for proc in pool.processes:
+            print(f"----- {proc.log_path.name} (last 60 lines) -----")
+            print("\n".join(proc.log_text().splitlines()[-60:]))
+
+
+class RecorderPool:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.processes: list[RecorderProcess] = []
+
+    async def start(self, settings: Settings) -> RecorderProcess:
+        proc = RecorderProcess(settings, self.folder / f"recorder-{len(self.processes)}.log")
+        self.processes.append(proc)
+        await proc.start()
+        return proc
+
+    async def close(self) -> None:
+        for proc in self.processes:
+            if proc.running:
+                with contextlib.suppress(AssertionError):
+                    await proc.terminate(timeout=30)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]

@@ -1,0 +1,189 @@
+"""PostgreSQL goes away (connections cut or held) while records flow: an outage is not bad data.
+
+Nothing is rejected or dead-lettered because of an outage, the recorder marks itself paused and
+not ready, retries with backoff, releases what it holds when the outage lasts, and records
+everything once the database is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from bulk_recorder.loadgen import Generator, LoadSpec, publish_load
+from bulk_recorder.migrate import migrate
+from tests.conftest import Broker, RunningRecorder, wait_for
+from tests.faults.audit import (
+    audit_run,
+    check_counters,
+    row_counts,
+    wait_for_rows,
+    wait_until_settled,
+)
+from tests.faults.conftest import scale, via_proxy
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
+
+
+async def test_database_cut_repeatedly_during_a_stream(
+    make_settings, start_recorder, broker, db, services, database_url, pg_proxy
+) -> None:
+    settings = make_settings(database_url=via_proxy(database_url, pg_proxy))
+    await migrate(database_url)
+    conn = await db()
+    cuts = scale(3, 10)
+    spec = LoadSpec("mixed", scale(20_000, 100_000), duplicates=0.05, invalid=0.01, seed=21)
+    rng = random.Random(21)
+    rec = await start_recorder(settings)
+    publisher = asyncio.create_task(
+        publish_load(services.rabbitmq_url, settings.rabbitmq_exchange, spec)
+    )
+    step = spec.count // (cuts + 2)
+    for _ in range(cuts):
+        await wait_for_rows(conn, await row_counts(conn) + rng.randint(step // 2, step))
+        pg_proxy.cut()
+        # longer than the flush timeout, so that flushes fail and are retried
+        await wait_for(lambda: rec.value("bulk_recorder_paused") == 1, timeout=30)
+        await asyncio.sleep(rng.uniform(0.3, 1.5))
+        assert await broker.ready_count(broker.topology.dead_letter_queue) <= spec.invalid_count
+        pg_proxy.restore()
+    report = await publisher
+    await wait_until_settled(db, broker, report)
+    await rec.shutdown()
+    audit = await audit_run(conn, broker, report, faults=pg_proxy.faults)
+    audit.assert_exact(dlq_surplus_allowed=False)
+    check_counters(rec, report, audit)
+    assert rec.value("bulk_recorder_db_retries_total") > 0
+    assert rec.value("bulk_recorder_messages_rejected_total") == 0
+    assert rec.value("bulk_recorder_messages_dead_lettered_total", reason="database") == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = raw.decode().partition("\r\n\r\n")
+    return int(head.split(" ")[1]), body
+
+
+def _messages(gen: Generator, n: int) -> list[tuple[bytes, str | None]]:
+    import json
+
+    out: list[tuple[bytes, str | None]] = []
+    for i in range(n):
+        record_type = ("transaction", "credit_annotation")[i % 2]
+        out.append((json.dumps(gen.record(record_type)).encode(), record_type))
+    return out
+
+
+async def test_outage_pauses_marks_not_ready_and_dead_letters_nothing(
+    make_settings, start_recorder, broker, db, database_url, pg_proxy
+) -> None:
+    port = _free_port()
+    settings = make_settings(
+        database_url=via_proxy(database_url, pg_proxy),
+        metrics_port=port,
+        bulk_recorder_size=100,
+    )
+    rec = await start_recorder(settings)
+    assert (await _get(port, "/readyz"))[0] == 200
+    gen = Generator.create(seed=22)
+    good = _messages(gen, 400)
+    invalid = [(b"{broken", "transaction"), (b"[]", "credit_annotation"), (good[0][0], "refund")]
+
+    pg_proxy.cut()
+    # bad messages first: past the prefetch window nothing is delivered while flushes are stuck
+    await broker.publish_many(invalid + good)
+    await wait_for(lambda: rec.value("bulk_recorder_paused") == 1)
+    assert await _get(port, "/readyz") == (503, "broker up, database down\n")
+    # an outage lasting many flush timeouts: retried, never judged
+    await wait_for(lambda: rec.value("bulk_recorder_db_retries_total") >= 20)
+    assert rec.value("bulk_recorder_messages_acked_total") == 0
+    assert rec.value("bulk_recorder_messages_rejected_total") == 0
+    assert rec.value("bulk_recorder_messages_released_total") == 0
+    assert rec.value("bulk_recorder_messages_dead_lettered_total", reason="database") == 0
+    # bad data still goes to the DLQ at once: it needs no database
+    await wait_for(lambda: _dead(rec) == len(invalid))
+    assert await broker.ready_count(broker.topology.dead_letter_queue) == len(invalid)
+
+    pg_proxy.restore()
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == len(good))
+    assert rec.value("bulk_recorder_paused") == 0
+    assert await _get(port, "/readyz") == (200, "broker up, database up\n")
+    conn = await db()
+    assert await row_counts(conn) == len(good)
+    assert await broker.ready_count(broker.topology.dead_letter_queue) == len(invalid)
+    await rec.shutdown()
+    assert await broker.ready_count(broker.topology.queue) == 0
+    print(
+        f"records published {len(good) + len(invalid)}, faults injected {pg_proxy.faults}, "
+        f"lost {len(good) - await row_counts(conn)}, doubled 0"
+    )
+
+
+def _dead(rec: RunningRecorder) -> float:
+    return sum(
+        rec.value("bulk_recorder_messages_dead_lettered_total", reason=r)
+        for r in ("decode", "type", "validation", "database")
+    )
+
+
+async def test_long_outage_releases_deliveries_and_pauses_intake(
+    make_settings, start_recorder, broker, db, database_url, pg_proxy
+) -> None:
+    settings = make_settings(
+        database_url=via_proxy(database_url, pg_proxy),
+        bulk_recorder_release_after_s=1.0,
+        bulk_recorder_size=50,
+    )
+    rec = await start_recorder(settings)
+    gen = Generator.create(seed=23)
+    good = _messages(gen, 300)
+
+    pg_proxy.cut()
+    await broker.publish_many(good)
+    await wait_for(lambda: rec.value("bulk_recorder_messages_released_total") > 0)
+    # intake is paused: everything goes back to the queue and stays there, nothing is judged
+    await wait_for(lambda: _ready(broker, len(good)))
+    assert rec.value("bulk_recorder_paused") == 1
+    assert rec.value("bulk_recorder_messages_acked_total") == 0
+    assert rec.value("bulk_recorder_messages_rejected_total") == 0
+    assert _dead(rec) == 0
+    received = rec.value("bulk_recorder_messages_received_total")
+    await asyncio.sleep(1.0)  # paused means paused: no new deliveries while the database is down
+    assert rec.value("bulk_recorder_messages_received_total") == received
+
+    pg_proxy.restore()
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == len(good))
+    assert rec.value("bulk_recorder_paused") == 0
+    conn = await db()
+    ids = {str(r[0]) for r in await conn.fetch("SELECT id FROM transactions")}
+    ids |= {str(r[0]) for r in await conn.fetch("SELECT id FROM credit_annotations")}
+    import json
+
+    assert ids == {json.loads(b)["id"] for b, _ in good}
+    await rec.shutdown()
+    assert await broker.ready_count(broker.topology.queue) == 0
+    assert await broker.ready_count(broker.topology.dead_letter_queue) == 0
+    released = rec.value("bulk_recorder_messages_released_total")
+    print(
+        f"records published {len(good)}, faults injected {pg_proxy.faults}, "
+        f"lost {len(good) - len(ids)}, doubled 0 (released {released:.0f})"
+    )
+
+
+async def _ready(broker: Broker, n: int) -> bool:
+    return await broker.ready_count(broker.topology.queue) == n

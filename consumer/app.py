@@ -193,6 +193,8 @@ class Recorder:
                 if connection is not None and not stop.is_set():
                     with contextlib.suppress(*_BROKER_ERRORS):
                         await connection.close()
+                if channel is not None and not stop.is_set():
+                    await _unblock_writers(channel)
             if stop.is_set():
                 break
             await _wait(stop, backoff.delay(attempt))
@@ -273,8 +275,13 @@ class Recorder:
 
     async def _dead_letter_invalid(self, delivery: AmqpDelivery, reason: str) -> None:
         log.info("dead-lettering an invalid message: %s", reason)
+        # Shielded with its accounting: aiormq cancels this consumer task when the channel
+        # closes, and the outcome must still land in exactly one counter.
+        await asyncio.shield(self._settle_invalid(delivery, reason))
+
+    async def _settle_invalid(self, delivery: AmqpDelivery, reason: str) -> None:
         try:
-            ok = await asyncio.shield(delivery.dead_letter(reason))
+            ok = await delivery.dead_letter(reason)
         finally:
             self.metrics.buffer_messages.dec()
         if ok:
@@ -374,6 +381,22 @@ class Recorder:
         if self.health is not None:
             await self.health.stop()
         log.info("recorder stopped in %.1f s", time.monotonic() - started)
+
+
+async def _unblock_writers(channel: AbstractChannel) -> None:
+    """Wake every call still waiting for room in a closed connection's write queue.
+
+    aiormq's write queue is bounded (10 frames) and not tied to the channel's close: when the
+    connection dies while the queue is full, a basic_ack or basic_publish waiting for room is
+    never woken and holds its flush worker forever (one worker lost per broker cut, found by
+    tests/faults/test_broker_cut.py). Emptying the queue lets each waiting call put its frame,
+    which goes nowhere, and return; the broker redelivers the dead channel's unacked messages.
+    """
+    queue = channel.connection.write_queue
+    while not queue.empty():
+        while not queue.empty():
+            queue.get_nowait()
+        await asyncio.sleep(0)  # the woken callers put their frames now
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -258,9 +258,11 @@ async def run_cell(
     previous: list[Record],
     chunks: int,
     rng: random.Random,
-) -> tuple[float, list[Record]]:
-    """Write ``chunks`` chunks; returns (rows offered per second, the last chunk)."""
-    elapsed = 0.0
+) -> tuple[float, float, list[Record]]:
+    """Write ``chunks`` chunks; returns (rows offered per second, client CPU us per row, the
+    last chunk). Client CPU is this process's CPU time over the timed writes: the Python and
+    asyncpg work per row (encoding), which the recorder pays on its single core."""
+    elapsed = cpu = 0.0
     writer = PgWriter(pool) if cell.method == "pgwriter" else None
     method = ROW_METHODS.get(cell.method)
     last = previous
@@ -273,18 +275,18 @@ async def run_cell(
         else:
             rng.shuffle(chunk)
         if writer is not None:
-            started = time.perf_counter()
+            started, cpu0 = time.perf_counter(), time.process_time()
             await writer.write(chunk)
-            elapsed += time.perf_counter() - started
         else:
             assert method is not None
             rows = [row_of(r) for r in chunk]
-            started = time.perf_counter()
+            started, cpu0 = time.perf_counter(), time.process_time()
             async with conn.transaction():
                 await method(conn, cell.table, rows)
-            elapsed += time.perf_counter() - started
+        elapsed += time.perf_counter() - started
+        cpu += time.process_time() - cpu0
         last = new
-    return chunks * CHUNK / elapsed, last
+    return chunks * CHUNK / elapsed, cpu / (chunks * CHUNK) * 1e6, last
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -293,6 +295,7 @@ async def main_async(args: argparse.Namespace) -> None:
     tables = [t for t in TABLES if args.table in (t, "both")]
     methods = [m for m in METHODS if m in args.methods]
     results: dict[tuple[str, str, int, str], Stat] = {}
+    cpu: dict[tuple[str, str, int, str], Stat] = {}
     for run in range(args.runs):
         for table_name in tables:
             for order in ORDERS:
@@ -316,21 +319,29 @@ async def main_async(args: argparse.Namespace) -> None:
                                 if method == "copy_plain" and dup:
                                     continue
                                 cell = Cell(table_name, order, dup, method)
-                                rate, last = await run_cell(
+                                rate, cpu_us, last = await run_cell(
                                     conn, pool, cell, template, last, args.chunks, rng
                                 )
                                 key = (table_name, order, dup, method)
                                 results.setdefault(key, Stat()).add(rate)
+                                cpu.setdefault(key, Stat()).add(cpu_us)
                     finally:
                         await conn.close()
                         await pool.close()
-    report(results, tables, methods, args)
+    report(results, cpu, tables, methods, args)
     save_json(
         args.json,
         {
             "facts": facts,
             "results": [
-                {"table": k[0], "order": k[1], "dup": k[2], "method": k[3], "values": s.values}
+                {
+                    "table": k[0],
+                    "order": k[1],
+                    "dup": k[2],
+                    "method": k[3],
+                    "values": s.values,
+                    "cpu_us": cpu[k].values,
+                }
                 for k, s in results.items()
             ],
         },
@@ -339,6 +350,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def report(
     results: dict[tuple[str, str, int, str], Stat],
+    cpu: dict[tuple[str, str, int, str], Stat],
     tables: list[str],
     methods: list[str],
     args: argparse.Namespace,
@@ -353,12 +365,23 @@ def report(
                     if stat is None:
                         continue
                     vs = ratio(stat, base).fmt(2, "x") if base is not None else "-"
-                    rows.append((f"ids {order}", f"{dup}%", method, stat.fmt(), vs))
+                    cpu_us = cpu[(table_name, order, dup, method)].fmt(1)
+                    rows.append((f"ids {order}", f"{dup}%", method, stat.fmt(), vs, cpu_us))
         emit(
             f"Writer: {table_name}, 1,000-row chunks, one transaction each "
             f"({args.chunks} chunks a cell, table pre-filled with {args.prefill:,} rows, "
             f"median (min-max) of {args.runs} runs)",
-            table(["ids", "duplicates", "method", "rows/s offered", "vs unnest (same run)"], rows),
+            table(
+                [
+                    "ids",
+                    "duplicates",
+                    "method",
+                    "rows/s offered",
+                    "vs unnest (same run)",
+                    "client CPU us/row",
+                ],
+                rows,
+            ),
         )
 
 

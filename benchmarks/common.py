@@ -323,12 +323,15 @@ async def ready_count(queue: str) -> int:
         await connection.close()
 
 
-async def fill(topology: Topology, count: int, record_type: str = "transaction") -> LoadReport:
-    """Pre-fill the queue with ``count`` valid records (loadgen, publisher confirms)."""
+async def fill(
+    topology: Topology, count: int, record_type: str = "transaction", *, ready: int = 0
+) -> LoadReport:
+    """Pre-fill the queue with ``count`` valid records (loadgen, publisher confirms); wait
+    until ``ready`` (default ``count``) messages are in the queue."""
     report = await publish_load(
         rabbitmq_url(), topology.exchange, LoadSpec(record_type=record_type, count=count)
     )
-    await wait_visible(topology.queue, count)
+    await wait_visible(topology.queue, ready or count)
     return report
 
 

@@ -34,7 +34,9 @@ demo: $(STAMP)
 run: $(STAMP)
 	$(BIN)/bulk-recorder consume
 
+# The standard benchmark set (~10-15 min); tables, raw figures and charts in benchmarks/results.
 bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks.run_all
 
 soak: $(STAMP)

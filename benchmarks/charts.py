@@ -1,0 +1,198 @@
+"""PNG charts from the benchmarks' ``--json`` files (needs matplotlib: the ``bench`` extra).
+
+    python -m benchmarks.charts benchmarks/results
+
+Bars are medians over the runs, whiskers the min and max.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+_MODE_ORDER = {"raw aio-pika": 0, "raw aiormq": 1, "per-message": 9}
+
+
+def _load(folder: Path, name: str) -> dict[str, Any] | None:
+    path = folder / f"{name}.json"
+    if not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def _mid(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def _bars(ax: Any, labels: list[str], values: list[list[float]], color: str = "C0") -> None:
+    mids = [_mid(v) for v in values]
+    y = [m[0] for m in mids]
+    err = [[m[0] - m[1] for m in mids], [m[2] - m[0] for m in mids]]
+    ax.bar(labels, y, yerr=err, capsize=4, color=color)
+    for i, v in enumerate(y):
+        ax.annotate(f"{v:,.0f}", (i, v), ha="center", va="bottom", fontsize=8)
+
+
+def e2e_chart(folder: Path) -> Path | None:
+    data = _load(folder, "bench_e2e")
+    if data is None:
+        return None
+    results = data["results"]
+    latencies = sorted({r["db_latency_ms"] for r in results})
+    types = sorted({r["type"] for r in results})
+    fig, axes = plt.subplots(
+        len(latencies), len(types), figsize=(6 * len(types), 4 * len(latencies)), squeeze=False
+    )
+    for i, latency in enumerate(latencies):
+        for j, record_type in enumerate(types):
+            ax = axes[i][j]
+            rows = [r for r in results if r["type"] == record_type]
+            labels, values = [], []
+            for r in sorted(rows, key=lambda r: _MODE_ORDER.get(r["mode"], 2)):
+                if r["db_latency_ms"] == latency or (r["mode"].startswith("raw") and i > 0):
+                    labels.append(r["mode"])
+                    values.append(r["rate"])
+            _bars(ax, labels, values)
+            where = "loopback" if latency == 0 else f"database +{latency:g} ms"
+            ax.set_title(f"{record_type}, {where}")
+            ax.set_ylabel("msg/s")
+            ax.tick_params(axis="x", labelrotation=20)
+    fig.suptitle("Recorder bulk vs per-message vs raw consume limit (same rounds)")
+    fig.tight_layout()
+    path = folder / "e2e.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def sweep_chart(folder: Path) -> Path | None:
+    data = _load(folder, "bench_sweep")
+    if data is None:
+        return None
+    by_point: dict[tuple[int, ...], list[float]] = defaultdict(list)
+    for r in data["results"]:
+        by_point[tuple(r["point"])].append(r["rate"])
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for point, rates in sorted(by_point.items()):
+        workers, prefetch, size, timeout = point
+        batch = size or workers * prefetch
+        mid, low, high = _mid(rates)
+        ax.errorbar(
+            [batch], [mid], yerr=[[mid - low], [high - mid]], fmt="o", capsize=4, color="C0"
+        )
+        ax.annotate(
+            f"w{workers} p{prefetch}{' s' + str(size) if size else ''} t{timeout}",
+            (batch, mid),
+            textcoords="offset points",
+            xytext=(5, 5),
+            fontsize=8,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("flush size (BULK_RECORDER_SIZE, or workers x prefetch)")
+    ax.set_ylabel("msg/s")
+    ax.set_title("Throughput vs batch size (transactions)")
+    fig.tight_layout()
+    path = folder / "sweep.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def latency_chart(folder: Path) -> Path | None:
+    data = _load(folder, "bench_latency")
+    if data is None:
+        return None
+    by_rate: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in data["results"]:
+        for key in ("commit p50", "commit p99"):
+            by_rate[r["rate"]][key].append(r[key])
+    rates = sorted(by_rate)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, color in (("commit p50", "C0"), ("commit p99", "C3")):
+        mids = [_mid(by_rate[x][key]) for x in rates]
+        ax.errorbar(
+            rates,
+            [m[0] for m in mids],
+            yerr=[[m[0] - m[1] for m in mids], [m[2] - m[0] for m in mids]],
+            fmt="-o",
+            capsize=4,
+            color=color,
+            label=key,
+        )
+    ax.axhline(150, color="grey", linestyle="--", label="target p99 (timeout + 50 ms)")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load, msg/s")
+    ax.set_ylabel("publish -> commit, ms")
+    ax.set_title(f"Latency vs load ({data.get('config', '')})")
+    ax.legend()
+    fig.tight_layout()
+    path = folder / "latency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def writer_chart(folder: Path) -> Path | None:
+    data = _load(folder, "bench_writer")
+    if data is None:
+        return None
+    tables = sorted({r["table"] for r in data["results"]})
+    fig, axes = plt.subplots(1, len(tables), figsize=(7 * len(tables), 4.5), squeeze=False)
+    for ax, table_name in zip(axes[0], tables, strict=True):
+        rows = [
+            r
+            for r in data["results"]
+            if r["table"] == table_name and r["order"] == "sorted" and r["dup"] == 0
+        ]
+        _bars(ax, [r["method"] for r in rows], [r["values"] for r in rows], color="C2")
+        ax.set_title(f"{table_name}: 1,000-row chunks, sorted ids, 0% duplicates")
+        ax.set_ylabel("rows/s")
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    path = folder / "writer.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def limits_chart(folder: Path) -> Path | None:
+    data = _load(folder, "bench_limits")
+    if data is None:
+        return None
+    prefetches = sorted({r["prefetch"] for r in data["consume"]})
+    fig, axes = plt.subplots(1, len(prefetches), figsize=(6 * len(prefetches), 4.5), squeeze=False)
+    for ax, prefetch in zip(axes[0], prefetches, strict=True):
+        rows = [r for r in data["consume"] if r["prefetch"] == prefetch]
+        _bars(ax, [r["kind"] for r in rows], [r["rate"] for r in rows], color="C1")
+        ax.set_title(f"Consume + ack each, no work, QoS {prefetch}")
+        ax.set_ylabel("msg/s")
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.tight_layout()
+    path = folder / "limits.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def draw_all(folder: Path) -> list[Path]:
+    out = []
+    for draw in (e2e_chart, sweep_chart, latency_chart, writer_chart, limits_chart):
+        path = draw(folder)
+        if path is not None:
+            out.append(path)
+    return out
+
+
+if __name__ == "__main__":
+    for p in draw_all(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results")):
+        print(p)

@@ -1,0 +1,412 @@
+"""Property: whatever happens, the collector + flusher ack exactly the committed deliveries.
+
+Hypothesis drives a shared BulkCollector and a Flusher through any sequence of adds (valid,
+poison, duplicate ids, on several channels), timeouts, transient database failures (before
+commit, or after an ambiguous commit), dead channels, passing time and shutdowns. The writer
+and the deliveries are fakes that record every call, so the test can check each delivery:
+
+- acked only if its record was committed before the ack, never twice, never after another
+  outcome; every delivery on a live channel ends in exactly one outcome;
+- rejected or dead-lettered only for a row the database refuses (poison), never for an outage;
+  dead-lettered exactly on its last allowed delivery;
+- released only by a flush that met a transient failure;
+- the counters agree with the calls, the buffer gauge returns to 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from decimal import Decimal
+from functools import partial
+from typing import Any
+from unittest import mock
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bulk_recorder import flusher as flusher_module
+from bulk_recorder.collector import BulkCollector
+from bulk_recorder.errors import DataRejected, TransientDbError
+from bulk_recorder.flusher import Backoff, Flusher, Pending
+from bulk_recorder.metrics import Metrics
+from bulk_recorder.records import CreditAnnotation, Record
+from bulk_recorder.writer import (
+    PG_MAX_PARAMETERS,
+    WriteResult,
+    chunked,
+    dedupe_sorted,
+    rows_per_insert,
+)
+
+DELIVERY_LIMIT = 3
+RELEASE_AFTER_S = 2.5  # each retry advances the fake clock by 1 s: released on the 3rd failure
+
+_batch_id: contextvars.ContextVar[int] = contextvars.ContextVar("batch_id", default=-1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class StepBackoff(Backoff):
+    """No real sleeping: every retry moves the fake clock forward one second."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def delay(self, attempt: int) -> float:
+        self.clock.now += 1.0
+        return 0.0
+
+
+@dataclass(eq=False)
+class FakeChannel:
+    number: int
+    open: bool = True
+
+
+@dataclass(eq=False)
+class Call:
+    action: str
+    ok: bool
+    committed: bool  # was the record committed when the call was made
+    batch_transients: int  # transient failures met by the flush that made the call
+
+
+class FakeDelivery:
+    def __init__(
+        self, n: int, record_id: str, count: int, channel: FakeChannel, world: World
+    ) -> None:
+        self.n = n
+        self.record_id = record_id
+        self._count = count
+        self.channel = channel
+        self.world = world
+        self.calls: list[Call] = []
+        self.channel_open_at_settle: bool | None = None
+
+    @property
+    def delivery_count(self) -> int:
+        return self._count
+
+    def alive(self) -> bool:
+        return self.channel.open
+
+    def _call(self, action: str) -> bool:
+        ok = self.channel.open
+        self.channel_open_at_settle = ok
+        self.calls.append(
+            Call(
+                action,
+                ok,
+                self.record_id in self.world.writer.committed,
+                self.world.writer.transients_by_batch.get(_batch_id.get(), 0),
+            )
+        )
+        return ok
+
+    async def ack(self) -> bool:
+        await asyncio.sleep(0)
+        return self._call("ack")
+
+    async def reject(self) -> bool:
+        await asyncio.sleep(0)
+        return self._call("reject")
+
+    async def release(self) -> bool:
+        await asyncio.sleep(0)
+        return self._call("release")
+
+    async def dead_letter(self, reason: str) -> bool:
+        assert reason.startswith("database refused the row: ")
+        await asyncio.sleep(0)
+        return self._call("dead_letter")
+
+
+class FakeWriter:
+    """Commits unless told to fail; a batch holding a poison record is refused as a whole."""
+
+    def __init__(self) -> None:
+        self.committed: set[str] = set()
+        self.poison: set[str] = set()
+        self.transient_budget = 0
+        self.ambiguous_next = False
+        self.transients_by_batch: dict[int, int] = {}
+        self.channel_to_kill: FakeChannel | None = None
+
+    async def write(self, records: Sequence[Record]) -> WriteResult:
+        await asyncio.sleep(0)  # let concurrent flushes interleave
+        if self.channel_to_kill is not None:  # the broker connection dies mid-flush
+            self.channel_to_kill.open = False
+            self.channel_to_kill = None
+        ids = [r.id for r in records]
+        if self.transient_budget > 0:
+            self.transient_budget -= 1
+            self._transient()
+            raise TransientDbError("connection refused")
+        if self.poison.intersection(ids):
+            raise DataRejected("23505 duplicate key value violates unique constraint")
+        fresh = set(ids) - self.committed
+        self.committed.update(ids)
+        if self.ambiguous_next:  # COMMIT went through, its answer did not
+            self.ambiguous_next = False
+            self._transient()
+            raise TransientDbError("connection lost during COMMIT")
+        result = WriteResult()
+        counts = result.table("credit_annotations")
+        counts.attempted = len(ids)
+        counts.inserted = len(fresh)
+        counts.ignored = len(ids) - len(fresh)
+        return result
+
+    def _transient(self) -> None:
+        batch = _batch_id.get()
+        self.transients_by_batch[batch] = self.transients_by_batch.get(batch, 0) + 1
+
+
+@dataclass
+class World:
+    clock: Clock = field(default_factory=Clock)
+    writer: FakeWriter = field(default_factory=FakeWriter)
+    metrics: Metrics = field(default_factory=Metrics)
+    deliveries: list[FakeDelivery] = field(default_factory=list)
+    channels: list[FakeChannel] = field(default_factory=lambda: [FakeChannel(0), FakeChannel(1)])
+    batches: list[tuple[list[Pending], str]] = field(default_factory=list)
+    releases_signalled: int = 0
+    next_batch: int = 0
+    dropped_from_buffer: int = 0
+
+
+def _record(record_id: str) -> CreditAnnotation:
+    return CreditAnnotation(
+        record_id,
+        None,
+        "52998224725",
+        "CPF",
+        "RESTRICTION",
+        "c",
+        Decimal(1),
+        date(2026, 1, 1),
+        None,
+    )
+
+
+def _on_channel(channel: FakeChannel, pending: Pending) -> bool:
+    return getattr(pending.delivery, "channel", None) is channel
+
+
+# -- steps ----------------------------------------------------------------------------------
+
+add = st.tuples(
+    st.just("add"),
+    st.booleans(),  # poison
+    st.integers(0, 1),  # channel slot
+    st.integers(0, DELIVERY_LIMIT),  # x-delivery-count
+    st.one_of(st.none(), st.integers(0, 30)),  # duplicate of an earlier delivery's record
+)
+steps = st.lists(
+    st.one_of(
+        add,
+        add,
+        add,
+        st.tuples(st.just("timeout")),
+        st.tuples(st.just("shutdown")),
+        st.tuples(st.just("transient"), st.integers(1, 6)),
+        st.tuples(st.just("ambiguous")),
+        st.tuples(st.just("kill_channel"), st.integers(0, 1), st.booleans()),
+        st.tuples(st.just("kill_during_write"), st.integers(0, 1)),
+        st.tuples(st.just("tick"), st.floats(0, 5)),
+        st.tuples(st.just("probe")),
+    ),
+    max_size=60,
+)
+
+
+async def run(world: World, size: int, plan: list[tuple[Any, ...]]) -> Flusher:
+    metrics = world.metrics
+
+    async def on_release() -> None:
+        world.releases_signalled += 1
+
+    flusher = Flusher(
+        world.writer,
+        metrics,
+        delivery_limit=DELIVERY_LIMIT,
+        release_after_s=RELEASE_AFTER_S,
+        backoff=StepBackoff(world.clock),
+        on_release=on_release,
+    )
+    collector: BulkCollector[Pending] = BulkCollector(
+        size, 3600, lambda batch, reason: world.batches.append((batch, reason))
+    )
+
+    async def process(batch: list[Pending], reason: str) -> None:
+        _batch_id.set(world.next_batch)
+        world.next_batch += 1
+        await flusher.process(batch, reason)
+
+    async def drain() -> None:
+        while world.batches:
+            todo, world.batches[:] = list(world.batches), []
+            await asyncio.gather(*(process(b, r) for b, r in todo))
+
+    with mock.patch.object(
+        flusher_module,
+        "time",
+        types.SimpleNamespace(
+            monotonic=world.clock.monotonic, perf_counter=world.clock.perf_counter
+        ),
+    ):
+        for step in plan:
+            kind = step[0]
+            if kind == "add":
+                _, poison, slot, count, dup = step
+                n = len(world.deliveries)
+                if dup is not None and dup < n and not poison:
+                    record_id = world.deliveries[dup].record_id  # same id, another message
+                else:
+                    record_id = f"r{n:04d}"
+                    if poison:
+                        world.writer.poison.add(record_id)
+                delivery = FakeDelivery(n, record_id, count, world.channels[slot], world)
+                world.deliveries.append(delivery)
+                metrics.messages_received.inc()
+                metrics.buffer_messages.inc()
+                collector.add(Pending(_record(record_id), delivery))
+            elif kind in ("timeout", "shutdown"):
+                collector.flush(kind)
+            elif kind == "transient":
+                world.writer.transient_budget += step[1]
+            elif kind == "ambiguous":
+                world.writer.ambiguous_next = True
+            elif kind == "kill_channel":
+                # the broker connection died: a new channel takes the slot; the recorder drops
+                # (or, if it has not noticed yet, keeps) the dead channel's buffered deliveries
+                _, slot, drop = step
+                dead = world.channels[slot]
+                dead.open = False
+                world.channels[slot] = FakeChannel(dead.number + 2)
+                if drop:
+                    gone = collector.drop(partial(_on_channel, dead))
+                    metrics.messages_dropped.inc(len(gone))
+                    metrics.buffer_messages.dec(len(gone))
+                    world.dropped_from_buffer += len(gone)
+            elif kind == "kill_during_write":
+                world.writer.channel_to_kill = world.channels[step[1]]
+            elif kind == "tick":
+                world.clock.now += step[1]
+            elif kind == "probe" and world.writer.transient_budget == 0:
+                flusher.recovered()  # the recorder's database probe succeeded
+            await drain()
+        world.writer.transient_budget = 0  # the database is back for the final shutdown flush
+        world.writer.channel_to_kill = None
+        collector.flush("shutdown")
+        await drain()
+        collector.close()
+    return flusher
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(size=st.integers(1, 8), plan=steps)
+def test_flusher_acks_exactly_the_committed_deliveries(
+    size: int, plan: list[tuple[Any, ...]]
+) -> None:
+    world = World()
+    flusher = asyncio.run(run(world, size, plan))
+    writer = world.writer
+    registry = world.metrics.registry
+
+    def value(name: str, labels: dict[str, str] | None = None) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    outcomes: dict[str, int] = {"ack": 0, "reject": 0, "release": 0, "dead_letter": 0}
+    failed_calls = 0
+
+    for d in world.deliveries:
+        assert len(d.calls) <= 1, (d.n, d.calls)  # one outcome at most, never two
+        poison = d.record_id in writer.poison
+        if not d.calls:
+            # only a delivery of a dead channel may be left without a call
+            assert not d.channel.open, d.n
+            continue
+        call = d.calls[0]
+        if not call.ok:
+            failed_calls += 1
+            assert not d.channel_open_at_settle
+            continue
+        outcomes[call.action] += 1
+        if call.action == "ack":
+            assert call.committed, f"delivery {d.n} acked before its record was committed"
+            assert not poison
+        elif call.action in ("reject", "dead_letter"):
+            assert poison, f"delivery {d.n} judged for an outage"
+            last = d.delivery_count + 1 >= DELIVERY_LIMIT
+            assert (call.action == "dead_letter") == last, (d.n, d.delivery_count)
+        else:
+            assert call.action == "release"
+            assert call.batch_transients > 0, f"delivery {d.n} released without an outage"
+        if not poison and call.action != "release":
+            assert call.action == "ack"
+
+    # every delivery on a live channel got its one outcome: nothing left unsettled
+    for d in world.deliveries:
+        if d.channel.open:
+            assert len(d.calls) == 1, d.n
+            assert d.calls[0].ok, d.n
+    assert outcomes["release"] == 0 or world.releases_signalled > 0
+
+    assert value("bulk_recorder_messages_acked_total") == outcomes["ack"]
+    assert value("bulk_recorder_messages_rejected_total") == outcomes["reject"]
+    assert value("bulk_recorder_messages_released_total") == outcomes["release"]
+    assert (
+        value("bulk_recorder_messages_dead_lettered_total", {"reason": "database"})
+        == outcomes["dead_letter"]
+    )
+    received = value("bulk_recorder_messages_received_total")
+    dropped = value("bulk_recorder_messages_dropped_total")
+    assert received == len(world.deliveries)
+    assert received == sum(outcomes.values()) + dropped
+    assert dropped >= failed_calls + world.dropped_from_buffer
+    assert value("bulk_recorder_buffer_messages") == 0
+    assert value("bulk_recorder_paused") == (1 if flusher.in_outage else 0)
+
+
+@given(
+    items=st.lists(st.integers(), max_size=3000),
+    columns=st.integers(1, 70_000),
+    setting=st.integers(1, 1000),
+)
+def test_chunks_cover_every_item_once_within_both_limits(
+    items: list[int], columns: int, setting: int
+) -> None:
+    size = rows_per_insert(columns, setting)
+    chunks = list(chunked(items, size))
+    assert [x for c in chunks for x in c] == items
+    assert all(0 < len(c) <= size for c in chunks)
+    assert size <= setting
+    assert size * columns <= PG_MAX_PARAMETERS or size == 1
+
+
+@given(ids=st.lists(st.sampled_from([f"r{i}" for i in range(40)]), max_size=200))
+def test_dedupe_keeps_the_first_of_each_id_in_sorted_order(ids: list[str]) -> None:
+    records = [_record(i) for i in ids]
+    unique, repeats = dedupe_sorted(records)
+    assert [r.id for r in unique] == sorted(set(ids))
+    assert repeats == len(ids) - len(set(ids))
+    first: dict[str, CreditAnnotation] = {}
+    for r in records:
+        first.setdefault(r.id, r)
+    assert all(r is first[r.id] for r in unique)

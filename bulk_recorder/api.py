@@ -340,6 +340,12 @@ class _Context:
     pool_max_size: int
     pool: asyncpg.Pool | None = None
     recorded_cache: dict[uuid.UUID, tuple[float, int]] = field(default_factory=dict)
+    # A job upload holds a pooled connection for as long as the client sends; at most half
+    # the pool does, so that single transactions and status reads always find one.
+    job_slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.job_slots = asyncio.Semaphore(max(1, self.pool_max_size // 2))
 
     @property
     def db(self) -> asyncpg.Pool:
@@ -654,7 +660,6 @@ def _replay_job(row: asyncpg.Record, request_hash: bytes) -> Response:
 async def _accept_job(
     ctx: _Context, request: Request, fmt: str, media: str, key: str | None
 ) -> Response:
-    s = ctx.settings
     hasher = hashlib.sha256(fmt.encode() + b"\0")
     if key is not None:
         try:
@@ -666,6 +671,23 @@ async def _accept_job(
             async for chunk in request.stream():
                 hasher.update(chunk)
             return _replay_job(prior, hasher.digest())
+    if ctx.job_slots.locked():
+        raise ApiError(
+            503, "too many job uploads in progress; retry later", headers={"Retry-After": "5"}
+        )
+    async with ctx.job_slots:
+        return await _store_job(ctx, request, fmt, media, key, hasher)
+
+
+async def _store_job(
+    ctx: _Context,
+    request: Request,
+    fmt: str,
+    media: str,
+    key: str | None,
+    hasher: Any,
+) -> Response:
+    s = ctx.settings
     job_id = uuid7()
     intake = JobIntake(
         job_id,

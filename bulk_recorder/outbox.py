@@ -386,6 +386,11 @@ class Relay:
                 await _wait(stop, backoff.delay(db_failures))
                 db_failures += 1
                 continue
+            except Exception:  # a bug must not silently stop a lane: the batch rolled back
+                log.exception("outbox batch failed unexpectedly; its rows stay and are retried")
+                await _wait(stop, backoff.delay(db_failures))
+                db_failures += 1
+                continue
             self._db_ok = True
             db_failures = 0
             if result.lost:

@@ -330,6 +330,43 @@ async def test_job_idempotency_key_returns_the_same_job(make_settings, db) -> No
     assert await count(conn, "outbox") == 40
 
 
+async def test_job_uploads_beyond_half_the_pool_get_503_and_the_rest_still_works(
+    make_settings, db
+) -> None:
+    settings = make_settings()
+    gen = Generator.create(13)
+    release = asyncio.Event()
+
+    async def slow_body():
+        yield ndjson([gen.credit_annotation()])
+        await release.wait()
+        yield ndjson([gen.credit_annotation()])
+
+    async with api_client(settings, pool_max_size=2) as (client, _):  # one job slot
+        slow = asyncio.create_task(client.post(JOBS, content=slow_body(), headers=NDJSON))
+        conn = await db()
+        await wait_for(lambda: _upload_in_progress(conn), timeout=10)
+        busy = await client.post(JOBS, content=ndjson([gen.credit_annotation()]), headers=NDJSON)
+        assert busy.status_code == 503
+        assert busy.headers["retry-after"] == "5"
+        tx = await client.post("/v1/transactions", json=gen.transaction())
+        assert tx.status_code == 202  # single requests still find a connection
+        release.set()
+        done = await slow
+        assert done.status_code == 202
+        assert done.json()["accepted"] == 2
+
+
+async def _upload_in_progress(conn) -> bool:
+    """The slow upload's transaction is open (job row inserted, waiting for more body)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND state = 'idle in transaction'"
+        )
+    )
+
+
 async def test_job_status_errors(make_settings) -> None:
     settings = make_settings()
     async with api_client(settings) as (client, _):

@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout-ms", type=int, default=100)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument(
-        "--out", default="benchmarks/results/profile.txt", help="collapsed stacks (per run)"
+        "--out", default="benchmarks/out/profile.txt", help="collapsed stacks (per run)"
     )
     parser.add_argument("--src", help="profile the recorder of another source tree (scratch copy)")
     parser.add_argument("--json", help="write raw results here")

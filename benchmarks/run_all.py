@@ -1,7 +1,7 @@
 """Run the benchmark set, keep every table, draw the charts (``make bench``).
 
     python -m benchmarks.run_all                 # the standard set, ~10-15 min on 2 cores
-    python -m benchmarks.run_all --full          # the full sizes of RESULTS.md (~1.5 h)
+    python -m benchmarks.run_all --full --out benchmarks/results   # RESULTS.md (~1.5 h)
     python -m benchmarks.run_all --only bench_e2e bench_sweep
 
 Each benchmark runs as its own process (``python -m benchmarks.<name> ...``); its tables go
@@ -42,9 +42,13 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
 
 
 def run(name: str, extra: list[str], out: Path) -> tuple[int, float]:
+    """Run one benchmark from the repository root; paths in its command stay relative."""
+    rel = out.relative_to(REPO) if out.is_relative_to(REPO) else out
     command = [sys.executable, "-m", f"benchmarks.{name}", *extra]
     if name != "bench_decode":  # owned elsewhere: no --json flag
-        command += ["--json", str(out / f"{name}.json")]
+        command += ["--json", str(rel / f"{name}.json")]
+    if name == "bench_profile":
+        command += ["--out", str(rel / "profile.txt")]
     shown = "python -m " + " ".join(shlex.quote(c) for c in command[2:])
     progress(f"{shown}")
     started = time.monotonic()
@@ -64,7 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--full", action="store_true", help="the full sizes of RESULTS.md")
     parser.add_argument("--only", nargs="+", choices=tuple(BENCHMARKS), help="a subset")
-    parser.add_argument("--out", default="benchmarks/results", help="where tables and charts go")
+    parser.add_argument("--out", default="benchmarks/out", help="where tables and charts go")
     args = parser.parse_args()
     out = (REPO / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

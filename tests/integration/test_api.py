@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import random
 import signal
 import sys
 import uuid
@@ -443,6 +444,53 @@ async def test_readyz_is_503_when_the_database_goes_away(make_settings, services
 
 async def _ready(client: httpx.AsyncClient) -> bool:
     return (await client.get("/readyz")).status_code == 200
+
+
+async def test_mangled_bodies_never_get_a_5xx(make_settings) -> None:
+    """Valid bodies with random bytes flipped, cut or repeated: always a 2xx or a 4xx."""
+    settings = make_settings()
+    gen = Generator.create(14)
+    rng = random.Random(14)
+    tx = json.dumps(gen.transaction()).encode()
+    lines = ndjson([gen.credit_annotation() for _ in range(3)])
+    csv_body = (
+        "id,document,kind,creditor,amount,occurred_on\n"
+        + "".join(
+            f"{a['id']},{a['document']},{a['kind']},x,{a['amount']},{a['occurred_on']}\n"
+            for a in (gen.credit_annotation() for _ in range(3))
+        )
+    ).encode()
+    array = json.dumps([gen.credit_annotation() for _ in range(3)]).encode()
+    cases = [
+        ("/v1/transactions", "application/json", tx),
+        (JOBS, "application/x-ndjson", lines),
+        (JOBS, "text/csv", csv_body),
+        (JOBS, "application/json", array),
+    ]
+    statuses = []
+    async with api_client(settings) as (client, _):
+        for i in range(240):
+            path, ctype, body = cases[i % len(cases)]
+            mangled = bytearray(body)
+            for _ in range(rng.randint(1, 4)):
+                how = rng.random()
+                at = rng.randrange(len(mangled))
+                if how < 0.5:
+                    mangled[at] = rng.choice(b'{}[]",:\\\n\r 0x\xff\xc3')
+                elif how < 0.75:
+                    del mangled[at:]
+                    if not mangled:
+                        break
+                else:
+                    mangled[at:at] = mangled[: rng.randrange(1, 40)]
+            response = await client.post(
+                path, content=bytes(mangled), headers={"content-type": ctype}
+            )
+            assert response.status_code < 500, (path, bytes(mangled), response.text)
+            if response.status_code >= 400:
+                assert response.json()["detail"], response.text
+            statuses.append(response.status_code)
+    assert {202, 400, 422} <= set(statuses)
 
 
 # -- a real uvicorn process -----------------------------------------------------------------

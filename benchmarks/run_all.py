@@ -1,7 +1,7 @@
 """Run the benchmark set, keep every table, draw the charts (``make bench``).
 
     python -m benchmarks.run_all                 # the standard set, ~10-15 min on 2 cores
-    python -m benchmarks.run_all --full --out benchmarks/results   # RESULTS.md (~1.5 h)
+    python -m benchmarks.run_all --full --out benchmarks/results   # RESULTS.md (~1 h)
     python -m benchmarks.run_all --only bench_e2e bench_sweep
 
 Each benchmark runs as its own process (``python -m benchmarks.<name> ...``); its tables go
@@ -26,18 +26,18 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "bench_decode": ([], ["--number", "50000", "--repeat", "9"]),
     "bench_limits": (
         ["--count", "15000"],
-        ["--count", "100000", "--pg-count", "200000", "--pg-each-count", "5000"],
+        ["--count", "50000", "--pg-count", "200000", "--pg-each-count", "5000"],
     ),
-    "bench_writer": ([], ["--chunks", "100", "--prefill", "1000000"]),
+    "bench_writer": ([], ["--chunks", "50", "--prefill", "1000000"]),
     "bench_e2e": (
         ["--count", "15000", "--per-message-count", "5000", "--db-latency-ms", "0", "1"],
-        ["--count", "200000", "--per-message-count", "50000", "--db-latency-ms", "0", "1"],
+        ["--count", "200000", "--per-message-count", "30000", "--db-latency-ms", "0", "1"],
     ),
-    "bench_profile": ([], ["--count", "100000"]),
-    "bench_sweep": (["--count", "15000"], ["--count", "60000"]),
-    "bench_latency": ([], ["--loads", "250", "1000", "2000", "4000", "--seconds", "30"]),
+    "bench_profile": ([], ["--count", "60000"]),
+    "bench_sweep": (["--count", "15000"], ["--count", "40000"]),
+    "bench_latency": ([], ["--loads", "250", "1000", "2000", "4000", "--seconds", "20"]),
     "bench_memory": ([], ["--count", "300000"]),
-    "bench_scale": ([], ["--count", "100000"]),
+    "bench_scale": ([], ["--count", "60000"]),
 }
 
 

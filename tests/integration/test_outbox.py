@@ -22,7 +22,7 @@ import bulk_recorder.api as api_module
 from bulk_recorder.loadgen import Generator
 from bulk_recorder.outbox import Relay, RelayConfig
 from bulk_recorder.records import decode
-from tests.conftest import free_port, settings_env, wait_for
+from tests.conftest import settings_env, wait_for
 from tests.integration.producer_support import (
     TcpProxy,
     api_client,
@@ -328,7 +328,7 @@ async def test_relay_stops_on_sigterm(make_settings, db, tmp_path: Path) -> None
         "-m",
         "consumer.cli",
         "relay",
-        env=settings_env(settings, METRICS_PORT=str(free_port())),
+        env=settings_env(settings, METRICS_PORT="0"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )

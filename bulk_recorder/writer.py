@@ -179,7 +179,9 @@ class PgWriter:
                     await self._write_transactions(conn, transactions, result)
                 if annotations:
                     await self._write_annotations(conn, annotations, result)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except Exception as exc:  # the Writer contract: every failure is data or an outage
+            # (asyncpg's InternalClientError/ProtocolError are neither PostgresError nor
+            # InterfaceError; escaping here, they left the batch unacked for good)
             raise classify(exc) from exc
         return result
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -156,7 +156,7 @@ def check_counters(
         assert operations == expected_operations
 
 
-def report_for(messages: list[tuple[bytes, str | None]]) -> tuple[LoadReport, Counter[str]]:
+def report_for(messages: Sequence[tuple[bytes, str | None]]) -> tuple[LoadReport, Counter[str]]:
     """A load report for hand-made messages, and the reason shapes the DLQ must hold for them."""
     report = LoadReport(published=len(messages))
     shapes: Counter[str] = Counter()

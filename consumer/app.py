@@ -174,6 +174,7 @@ class Recorder:
                 dlx = await dl_channel.get_exchange(self.topology.dead_letter_exchange)
                 self._dead_letterer = DeadLetterer(dlx)
                 channel = await consume_channel.get_underlay_channel()
+                dead_letter_channel = await dl_channel.get_underlay_channel()
                 self._connection = connection
                 self._channel = channel
                 if connected_before:
@@ -182,7 +183,7 @@ class Recorder:
                 attempt = 0
                 self._broker_ok = True
                 log.info("consuming from %s", self.topology.queue)
-                await self._wait_and_consume(stop, connection, channel)
+                await self._wait_and_consume(stop, connection, channel, dead_letter_channel)
             except _BROKER_ERRORS as exc:
                 log.warning("broker connection failed: %s", exc)
                 log.debug("broker failure", exc_info=True)
@@ -205,14 +206,21 @@ class Recorder:
         stop: asyncio.Event,
         connection: aio_pika.abc.AbstractConnection,
         channel: AbstractChannel,
+        dead_letter_channel: AbstractChannel,
     ) -> None:
-        """Consume (unless intake is paused); return on stop or when the connection dies."""
+        """Consume (unless intake is paused); return on stop or when the connection dies.
+
+        Also when the dead-letter channel closes (a refused publish, e.g. its exchange was
+        deleted): without it every refused message would stay unacked; reconnecting declares
+        the topology again and the broker redelivers them.
+        """
         await self._start_consuming()
         closed = asyncio.ensure_future(connection.closed())
         stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait(
-                {closed, channel.closing, stopped}, return_when=asyncio.FIRST_COMPLETED
+                {closed, channel.closing, dead_letter_channel.closing, stopped},
+                return_when=asyncio.FIRST_COMPLETED,
             )
         finally:
             for fut in (closed, stopped):

@@ -187,3 +187,36 @@ async def test_long_outage_releases_deliveries_and_pauses_intake(
 
 async def _ready(broker: Broker, n: int) -> bool:
     return await broker.ready_count(broker.topology.queue) == n
+
+
+async def test_sigterm_during_an_outage_then_a_recorder_started_while_the_database_is_down(
+    make_settings, recorders, broker, db, database_url, pg_proxy
+) -> None:
+    """The orderly stop gives up on the stuck flush after its bounded wait and judges nothing;
+    a new recorder started while the database is still down waits for it, then records all."""
+    await migrate(database_url)
+    settings = make_settings(
+        database_url=via_proxy(database_url, pg_proxy), bulk_recorder_shutdown_timeout_s=2.0
+    )
+    gen = Generator.create(seed=24)
+    good = _messages(gen, 300)
+    proc = await recorders.start(settings)
+    await wait_for(lambda: pg_proxy.active_connections > 0, timeout=60)  # connected and running
+    pg_proxy.cut()
+    await broker.publish_many(good)
+    await asyncio.sleep(1.0)  # flushes are failing now
+    assert await proc.terminate() == 0
+    # nothing acked, nothing judged: every message is back in the queue
+    assert await broker.ready_count(broker.topology.queue) == len(good)
+    assert await broker.ready_count(broker.topology.dead_letter_queue) == 0
+
+    await proc.start()  # the database is still down
+    await asyncio.sleep(1.0)
+    pg_proxy.restore()
+    report, expected = report_for(good)
+    await wait_until_settled(db, broker, report)
+    assert await proc.terminate() == 0
+    audit = await audit_run(
+        await db(), broker, report, faults=pg_proxy.faults, expected_dlq=expected
+    )
+    audit.assert_exact(dlq_surplus_allowed=False)

@@ -85,6 +85,11 @@ class Settings(BaseSettings):
         30.0, gt=0, le=600, description="Bounded wait for the final flush on SIGTERM."
     )
     metrics_port: int = Field(9464, ge=0, le=65_535, description="/metrics port; 0 disables.")
+    metrics_host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="Where /metrics, /healthz and /readyz listen (0.0.0.0 in the container).",
+    )
     api_host: str = Field(
         "127.0.0.1", min_length=1, description="Where `bulk-recorder api` listens."
     )

@@ -39,7 +39,13 @@ _BROKER_ERRORS = (
     TimeoutError,
     RuntimeError,
 )
-_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+_DB_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 
 Batch = tuple[list[Pending], str]
 
@@ -113,7 +119,9 @@ class Recorder:
         s = self.settings
         self.log_configuration()
         if s.metrics_port:
-            self.health = HealthServer(self.metrics.registry, self.ready, "0.0.0.0", s.metrics_port)
+            self.health = HealthServer(
+                self.metrics.registry, self.ready, s.metrics_host, s.metrics_port
+            )
             await self.health.start()
         workers: list[asyncio.Task[None]] = []
         try:
@@ -307,9 +315,19 @@ class Recorder:
             try:
                 await self._flusher.process(batch, reason)
             except Exception:
-                log.exception("flush failed unexpectedly; its deliveries will be redelivered")
+                log.exception("flush failed unexpectedly; releasing its deliveries for redelivery")
+                await asyncio.shield(self._release(batch))
             finally:
                 self._batches.task_done()
+
+    async def _release(self, held: list[Pending]) -> None:
+        """Hand deliveries back to the broker (nack, requeue) and stop counting them as held."""
+        for pending in held:
+            if await pending.delivery.release():
+                self.metrics.messages_released.inc()
+            else:
+                self.metrics.messages_dropped.inc()
+        self.metrics.buffer_messages.dec(len(held))
 
     # -- outages --------------------------------------------------------------------------
 
@@ -330,10 +348,7 @@ class Recorder:
             batch, _ = self._batches.get_nowait()
             held.extend(batch)
             self._batches.task_done()
-        for pending in held:
-            if await pending.delivery.release():
-                self.metrics.messages_released.inc()
-        self.metrics.buffer_messages.dec(len(held))
+        await self._release(held)
         backoff = Backoff(base_s=0.2, cap_s=5.0)
         attempt = 0
         assert self._pool is not None
@@ -344,7 +359,8 @@ class Recorder:
             try:
                 async with self._pool.acquire(timeout=5) as conn:
                     await conn.execute("SELECT 1")
-            except _DB_ERRORS:
+            except Exception as exc:  # any failed probe means "not back yet", whatever its type
+                log.debug("database probe failed: %r", exc)
                 continue
             break
         self._flusher.recovered()

@@ -20,7 +20,7 @@ class HealthServer:
         self,
         registry: CollectorRegistry,
         ready: Callable[[], tuple[bool, str]],
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
         port: int = 9464,
     ) -> None:
         self._registry = registry

@@ -79,7 +79,7 @@ def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
         health: HealthServer | None = None
         if settings.metrics_port:
             health = HealthServer(
-                relay.metrics.registry, relay.ready, "0.0.0.0", settings.metrics_port
+                relay.metrics.registry, relay.ready, settings.metrics_host, settings.metrics_port
             )
             await health.start()
         try:

@@ -47,6 +47,7 @@ def test_derived_defaults(clean_env: pytest.MonkeyPatch) -> None:
     assert s.channel_prefetch == 100  # headroom: twice the batch
     assert s.dead_letter_exchange == "bulk_recorder.dlx"
     assert s.dead_letter_queue == "bulk_recorder.records.dlq"
+    assert s.metrics_host == "127.0.0.1"  # loopback unless asked (the image sets 0.0.0.0)
 
 
 def test_environment_is_read(clean_env: pytest.MonkeyPatch) -> None:

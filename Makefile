@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-unit demo run bench soak clean
+.PHONY: install lint test test-unit demo demo-api run bench soak clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test-unit: $(STAMP)
 # The main job end to end on the local services: 300,000 records, then a checked summary.
 demo: $(STAMP)
 	$(BIN)/bulk-recorder demo --count 300000
+
+# The same job through the producer side: API -> outbox -> relay -> queue -> recorder.
+demo-api: $(STAMP)
+	$(BIN)/bulk-recorder demo --via api --count 300000
 
 # Run the recorder in the foreground (Ctrl-C stops it cleanly).
 run: $(STAMP)

@@ -107,9 +107,10 @@ class _Line:
 
 
 async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int:
-    if via != "queue":
-        print("--via api: the ingest API is not part of this build yet", file=sys.stderr)
-        return 2
+    if via == "api":
+        from consumer.demo_api import run_demo_via_api
+
+        return await run_demo_via_api(settings, count=count)
     topology = Topology.from_settings(settings)
     print(f"bulk-recorder demo: {count:,} records through {topology.queue} into PostgreSQL")
     applied = await migrate(settings.database_url)

@@ -1,0 +1,35 @@
+"""The newcomer's command, small: ``bulk-recorder demo`` both ways must pass its own checks."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from tests.conftest import settings_env
+
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("via", ["queue", "api"])
+async def test_demo_passes_its_checks(make_settings, broker, via: str) -> None:
+    env = settings_env(make_settings(metrics_port=0))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "consumer.cli",
+        "demo",
+        "--count",
+        "3000",
+        "--via",
+        via,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 300)
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "FAIL" not in text
+    assert text.count("check            OK") >= 4, text

@@ -192,6 +192,24 @@ async def row_counts(conn: asyncpg.Connection) -> int:
     )
 
 
+async def settled_count(broker: Broker, queue: str, timeout: float = 60) -> int:
+    """The messages of ``queue`` once no consumer holds any (call it after consumers stopped).
+
+    A passive declare counts ready messages only, and the broker returns a closed connection's
+    unacked messages asynchronously, so "0 ready" right after a stop proves nothing. A quorum
+    queue keeps a consumer, even a cancelled one, until its checked-out messages are settled or
+    returned (the return and the removal are one step): with no consumer left, nothing is held
+    and the ready count is the whole queue.
+    """
+
+    async def no_consumers() -> bool:
+        declared = await broker.channel.declare_queue(queue, passive=True)
+        return declared.declaration_result.consumer_count == 0
+
+    await wait_for(no_consumers, timeout=timeout, interval=0.05)
+    return await broker.ready_count(queue)
+
+
 async def wait_for_rows(conn: asyncpg.Connection, rows: int, timeout: float = 120) -> None:
     """Wait until the record tables hold at least ``rows`` rows (progress, not speed)."""
 
@@ -267,7 +285,7 @@ async def audit_run(
     audit.balance_mismatches = int(await conn.fetchval(_BALANCE_MISMATCHES))
     audit.operations_missing = int(await conn.fetchval(_OPERATIONS_MISSING))
     audit.doubled = audit.phantom + audit.balance_mismatches
-    audit.main_queue_ready = await broker.ready_count(broker.topology.queue)
+    audit.main_queue_ready = await settled_count(broker, broker.topology.queue)
 
     expected = expected_dlq if expected_dlq is not None else expected_invalid_shapes(report.invalid)
     dead = await broker.drain(broker.topology.dead_letter_queue)

@@ -16,6 +16,7 @@ from bulk_recorder.records import RecordError, decode
 from consumer.delivery import ERROR_HEADER
 from settings import Settings
 from tests.conftest import wait_for
+from tests.faults.audit import settled_count
 from tests.faults.conftest import REPO, settings_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -221,7 +222,7 @@ async def test_each_bad_message_reaches_the_dlq_with_its_reason_and_batch_mates_
         assert message.type == record_type, what  # the original properties travel with it
         assert message.headers["x-bulk-recorder-original-exchange"] == settings.rabbitmq_exchange
     assert problems == []
-    assert await broker.ready_count(broker.topology.queue) == 0
+    assert await settled_count(broker, broker.topology.queue) == 0
     print(
         f"bad inputs {len(bad)}, dead-lettered with their reason {len(bad) - len(problems)}; "
         f"batch-mates {len(good)}, recorded {len(ids)}"

@@ -20,6 +20,7 @@ from tests.faults.audit import (
     check_counters,
     report_for,
     row_counts,
+    settled_count,
     wait_for_rows,
     wait_until_settled,
 )
@@ -207,7 +208,7 @@ async def test_sigterm_during_an_outage_then_a_recorder_started_while_the_databa
     await asyncio.sleep(1.0)  # flushes are failing now
     assert await proc.terminate() == 0
     # nothing acked, nothing judged: every message is back in the queue
-    assert await broker.ready_count(broker.topology.queue) == len(good)
+    assert await settled_count(broker, broker.topology.queue) == len(good)
     assert await broker.ready_count(broker.topology.dead_letter_queue) == 0
 
     await proc.start()  # the database is still down

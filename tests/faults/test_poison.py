@@ -12,7 +12,7 @@ import pytest
 from bulk_recorder.loadgen import Generator
 from consumer.delivery import ERROR_HEADER
 from tests.conftest import wait_for
-from tests.faults.audit import DATABASE_REFUSED
+from tests.faults.audit import DATABASE_REFUSED, settled_count
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -75,7 +75,7 @@ async def test_refused_rows_are_isolated_retried_then_dead_lettered(
     assert rec.value("bulk_recorder_messages_received_total") == 1 + len(batch) + 2 * (limit - 1)
     assert rec.value("bulk_recorder_messages_acked_total") == 1 + len(good) + 1
     await rec.shutdown()
-    assert await broker.ready_count(broker.topology.queue) == 0
+    assert await settled_count(broker, broker.topology.queue) == 0
     # balances moved once for every recorded APPROVED transaction and never for a refused one
     recorded = [earlier, recorded_twin, *good]
     expected: dict[str, Decimal] = {}

@@ -19,6 +19,7 @@ from consumer import dlq as dlq_module
 from consumer.delivery import ERROR_HEADER
 from consumer.dlq import REPLAY_HEADER, inspect_dlq, replay_dlq
 from tests.conftest import Broker, wait_for
+from tests.faults.audit import settled_count
 from tests.faults.conftest import REPO, settings_env
 
 pytestmark = [pytest.mark.rabbitmq]
@@ -93,7 +94,7 @@ async def test_inspect_counts_by_reason_shows_samples_and_removes_nothing(
     assert "       1  unknown (no reason header)" in text
     assert "[invalid JSON] type=transaction body: {nope0" in text
     assert "\\x00" in text  # control bytes are escaped, not printed raw
-    assert await broker.ready_count(settings.dead_letter_queue) == 7  # nothing removed
+    assert await settled_count(broker, settings.dead_letter_queue) == 7  # nothing removed
 
 
 async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
@@ -109,7 +110,7 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
     out = io.StringIO()
     assert await replay_dlq(settings, out=out) == 0
     assert "replayed 3 of 3 messages" in out.getvalue()
-    assert await broker.ready_count(settings.dead_letter_queue) == 0
+    assert await settled_count(broker, settings.dead_letter_queue) == 0
     back = {m.body: m for m in await broker.drain(settings.rabbitmq_queue)}
     assert set(back) == {b'{"a": 1}', b'{"b": 2}', b'{"c": 3}'}
     a, b, c = back[b'{"a": 1}'], back[b'{"b": 2}'], back[b'{"c": 3}']
@@ -133,7 +134,7 @@ async def test_replay_limit_moves_only_that_many(make_settings, broker: Broker) 
     for n in range(10):
         await dead_letter(broker, b"%d" % n, "transaction", ours("invalid JSON"))
     assert await replay_dlq(settings, limit=4, out=io.StringIO()) == 0
-    assert await broker.ready_count(settings.dead_letter_queue) == 6
+    assert await settled_count(broker, settings.dead_letter_queue) == 6
     assert await broker.ready_count(settings.rabbitmq_queue) == 4
 
 
@@ -168,7 +169,7 @@ async def test_interrupted_replay_may_duplicate_but_never_loses(
     replay = asyncio.create_task(replay_dlq(settings, out=io.StringIO()))
     with pytest.raises(asyncio.CancelledError):
         await replay
-    await wait_for(lambda: _total(broker, settings, len(bodies)))  # the unacked return to the DLQ
+    await settled_count(broker, settings.dead_letter_queue)  # the unacked are back in the DLQ
     main = [m.body for m in await broker.drain(settings.rabbitmq_queue)]
     dlq = [m.body for m in await broker.drain(settings.dead_letter_queue)]
     assert 0 < len(main) < len(bodies)
@@ -205,13 +206,7 @@ async def test_interrupted_inspect_leaves_every_message_in_place(
     inspect = asyncio.create_task(inspect_dlq(settings, out=io.StringIO()))
     with pytest.raises(asyncio.CancelledError):
         await inspect
-    await wait_for(lambda: _total(broker, settings, 1000))
-    assert await broker.ready_count(settings.dead_letter_queue) == 1000
-
-
-async def _total(broker: Broker, settings: Any, at_least: int) -> bool:
-    main = await broker.ready_count(settings.rabbitmq_queue)
-    return main + await broker.ready_count(settings.dead_letter_queue) >= at_least
+    assert await settled_count(broker, settings.dead_letter_queue) == 1000
 
 
 @pytest.mark.postgres
@@ -243,7 +238,7 @@ async def test_refused_rows_recorded_after_the_fix_and_a_replay(
     assert (
         await conn.fetchval("SELECT count(*) FROM transactions WHERE id = $1", refused["id"]) == 1
     )
-    assert await broker.ready_count(settings.dead_letter_queue) == 0
+    assert await settled_count(broker, settings.dead_letter_queue) == 0
 
 
 async def test_cli_dlq_inspect_and_replay(make_settings, broker: Broker) -> None:

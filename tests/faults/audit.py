@@ -17,6 +17,7 @@ from bulk_recorder.loadgen import Generator, LoadReport
 from bulk_recorder.records import RecordError, decode
 from consumer.delivery import ERROR_HEADER
 from tests.conftest import Broker, RunningRecorder, wait_for
+from tests.faults.conftest import scale
 
 DATABASE_REFUSED = "database refused the row"
 
@@ -210,7 +211,7 @@ async def settled_count(broker: Broker, queue: str, timeout: float = 60) -> int:
     return await broker.ready_count(queue)
 
 
-async def wait_for_rows(conn: asyncpg.Connection, rows: int, timeout: float = 120) -> None:
+async def wait_for_rows(conn: asyncpg.Connection, rows: int, timeout: float = 300) -> None:
     """Wait until the record tables hold at least ``rows`` rows (progress, not speed)."""
 
     async def reached() -> bool:
@@ -244,7 +245,7 @@ async def wait_until_settled(
     connect: Callable[[], Awaitable[asyncpg.Connection]],
     broker: Broker,
     report: LoadReport,
-    timeout: float = 180,
+    timeout: float | None = None,
 ) -> None:
     """Wait until every valid record is in the tables, the DLQ holds at least the invalid
     messages and the main queue has nothing ready (liveness bound, not a speed assertion)."""
@@ -259,7 +260,7 @@ async def wait_until_settled(
             and await broker.ready_count(topo.queue) == 0
         )
 
-    await wait_for(done, timeout=timeout, interval=0.25)
+    await wait_for(done, timeout=timeout or scale(180, 1800), interval=0.25)
 
 
 async def audit_run(

@@ -34,6 +34,10 @@ def scale(quick: int, soak: int) -> int:
     return soak if SOAK else quick
 
 
+# Per-test bound for the long runs (pytest-timeout); soak runs take far longer than 300 s.
+long_run = pytest.mark.timeout(scale(300, 3600))
+
+
 def via_proxy(url: str, proxy: TcpProxy) -> str:
     """``url`` with its host and port replaced by the proxy's."""
     parts = urlsplit(url)

@@ -17,11 +17,12 @@ from tests.faults.audit import (
     wait_for_rows,
     wait_until_settled,
 )
-from tests.faults.conftest import scale, via_proxy
+from tests.faults.conftest import long_run, scale, via_proxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 
 
+@long_run
 async def test_broker_cut_repeatedly_during_a_stream(
     make_settings, start_recorder, broker, db, services, database_url, mq_proxy
 ) -> None:

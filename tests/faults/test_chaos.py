@@ -11,11 +11,12 @@ import pytest
 from bulk_recorder.loadgen import LoadSpec, publish_load
 from bulk_recorder.migrate import migrate
 from tests.faults.audit import audit_run, row_counts, wait_for_rows, wait_until_settled
-from tests.faults.conftest import scale, via_proxy
+from tests.faults.conftest import long_run, scale, via_proxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 
 
+@long_run
 async def test_kills_database_and_broker_faults_in_random_order(
     make_settings, recorders, broker, db, services, database_url, pg_proxy, mq_proxy
 ) -> None:
@@ -52,7 +53,7 @@ async def test_kills_database_and_broker_faults_in_random_order(
         await asyncio.sleep(rng.uniform(0.2, 1.5))  # longer than the 100 ms flush timeout
         proxy.restore()
     report = await publisher
-    await wait_until_settled(db, broker, report, timeout=300)
+    await wait_until_settled(db, broker, report)
     for proc in procs:
         assert await proc.terminate() == 0
     total = sum(p.kills for p in procs) + pg_proxy.faults + mq_proxy.faults

@@ -9,11 +9,12 @@ import pytest
 
 from bulk_recorder.loadgen import LoadSpec, publish_load
 from tests.faults.audit import audit_run, row_counts, wait_for_rows, wait_until_settled
-from tests.faults.conftest import scale
+from tests.faults.conftest import long_run, scale
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 
 
+@long_run
 async def test_sigkill_at_random_moments_then_restart(
     make_settings, recorders, broker, db, services
 ) -> None:

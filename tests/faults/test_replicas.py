@@ -11,11 +11,12 @@ import pytest
 from bulk_recorder.loadgen import LoadSpec, publish_load
 from bulk_recorder.migrate import migrate
 from tests.faults.audit import audit_run, row_counts, wait_for_rows, wait_until_settled
-from tests.faults.conftest import scale
+from tests.faults.conftest import long_run, scale
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 
 
+@long_run
 async def test_three_recorders_with_overlapping_duplicates(
     make_settings, recorders, broker, db, services, database_url
 ) -> None:

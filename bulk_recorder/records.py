@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 RECORD_TYPES: tuple[str, ...] = ("transaction", "credit_annotation")
 DEFAULT_MAX_BODY_BYTES = 1_048_576
+# jsonb keeps numbers as numeric; beyond this exponent a metadata number is refused here
+# rather than by PostgreSQL later.
+MAX_METADATA_EXPONENT = 1000
 
 MAX_DEPTH: Final = 32  # nesting levels of objects/arrays, the body's own object being level 1
 MAX_OPERATIONS: Final = 1000
@@ -152,7 +155,12 @@ def _reject_constant(name: str) -> NoReturn:
 
 
 # Prebuilt: json.loads/json.dumps with keyword arguments build a new decoder/encoder per call.
-_JSON_DECODE: Final[Callable[[str], Any]] = json.JSONDecoder(parse_constant=_reject_constant).decode
+# JSON numbers with a fraction or exponent become Decimal, never float: a float would round
+# metadata such as 0.30000000000000000001 silently (PostgreSQL's jsonb keeps it exact), and an
+# amount given as a JSON number is refused anyway. The hook runs only for such tokens.
+_JSON_DECODE: Final[Callable[[str], Any]] = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=Decimal
+).decode
 # Compact, UTF-8 kept as is; allow_nan=False turns an overflowed number (inf) into ValueError.
 _METADATA_ENCODE: Final[Callable[[Any], str]] = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -216,6 +224,7 @@ def _kind_of(value: Any) -> str:
         bool: "a boolean",
         int: "a number",
         float: "a number",
+        Decimal: "a number",
         str: "a string",
         list: "an array",
         dict: "an object",
@@ -287,7 +296,7 @@ def _bad_amount(where: str, key: str, value: Any, positive: bool) -> NoReturn:
     kind = type(value)
     if kind is int:
         _fail(where, key, sign_error if value < 0 else "out of range")
-    if kind is float:
+    if kind is Decimal or kind is float:
         _fail(where, key, "must be a decimal string or integer, not a float")
     if kind is not str:
         _type_error(where, key, value, "a decimal string or integer")
@@ -389,8 +398,8 @@ def _metadata(obj: JsonObject, maybe_nul: bool, maybe_surrogate: bool) -> str | 
         _fail("", "metadata", "contains NUL")
     try:
         text = _METADATA_ENCODE(value)
-    except ValueError:  # a number too large for a double, parsed as inf
-        _fail("", "metadata", "numbers must be finite")
+    except TypeError:  # it holds Decimal numbers: write them digit for digit
+        text = _exact_json(value)
     if maybe_surrogate and not _encodable(text):
         _fail("", "metadata", "invalid unicode")
     if len(text) > MAX_METADATA_BYTES or (
@@ -398,6 +407,21 @@ def _metadata(obj: JsonObject, maybe_nul: bool, maybe_surrogate: bool) -> str | 
     ):
         _fail("", "metadata", f"larger than {MAX_METADATA_BYTES} bytes serialized")
     return text
+
+
+def _exact_json(value: Any) -> str:
+    """Compact JSON like ``_METADATA_ENCODE``, writing Decimal numbers exactly as parsed."""
+    kind = type(value)
+    if kind is Decimal:
+        if abs(value.adjusted()) > MAX_METADATA_EXPONENT:
+            _fail("", "metadata", f"number out of range (exponent beyond {MAX_METADATA_EXPONENT})")
+        return str(value)
+    if kind is dict:
+        items = (f"{_METADATA_ENCODE(k)}:{_exact_json(v)}" for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    if kind is list:
+        return "[" + ",".join(_exact_json(v) for v in value) + "]"
+    return _METADATA_ENCODE(value)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -312,3 +312,21 @@ async def test_metrics_and_health_endpoints(make_settings, start_recorder, broke
     status, text = await _http_get(port, "/readyz")
     assert (status, text) == (200, "broker up, database up\n")
     assert (await _http_get(port, "/nope"))[0] == 404
+
+
+async def test_metadata_numbers_reach_jsonb_exactly(
+    make_settings, start_recorder, broker, db
+) -> None:
+    tx = Generator.create(seed=9).transaction()
+    tx["metadata"] = {"__exact__": 1}
+    raw = body(tx).replace(b'{"__exact__": 1}', b'{"rate": 0.30000000000000000001, "big": 1e400}')
+    rec = await start_recorder(make_settings(bulk_recorder_flush_timeout_ms=20))
+    await broker.publish(raw, "transaction")
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 1)
+    conn = await db()
+    row = await conn.fetchrow(
+        "SELECT metadata->>'rate' AS rate, metadata->>'big' AS big FROM transactions WHERE id = $1",
+        tx["id"],
+    )
+    assert row["rate"] == "0.30000000000000000001"
+    assert row["big"] == "1" + "0" * 400

@@ -844,9 +844,25 @@ def test_metadata_lone_surrogate_rejected(raw: bytes) -> None:
     assert reason(body) == "metadata: invalid unicode"
 
 
-def test_metadata_infinite_number_rejected() -> None:
-    body = enc(tx(metadata="__M__")).replace(b'"__M__"', b'{"x": 1e400}')
-    assert reason(body) == "metadata: numbers must be finite"
+@pytest.mark.parametrize(
+    ("raw", "stored"),
+    [
+        (b'{"x": 0.30000000000000000001}', '{"x":0.30000000000000000001}'),
+        (b'{"x": 1e400, "y": [1.5, {"z": -2.50}]}', '{"x":1E+400,"y":[1.5,{"z":-2.50}]}'),
+        (b'{"x": 1, "s": "caf\xc3\xa9"}', '{"x":1,"s":"caf\u00e9"}'),
+    ],
+)
+def test_metadata_numbers_are_kept_exactly(raw: bytes, stored: str) -> None:
+    body = enc(tx(metadata="__M__")).replace(b'"__M__"', raw)
+    record = decode(body, "transaction")
+    assert isinstance(record, Transaction)
+    assert record.metadata == stored
+    assert json.loads(record.metadata, parse_float=Decimal) == json.loads(raw, parse_float=Decimal)
+
+
+def test_metadata_number_with_absurd_exponent_rejected() -> None:
+    body = enc(tx(metadata="__M__")).replace(b'"__M__"', b'{"x": 1e999999}')
+    assert reason(body) == "metadata: number out of range (exponent beyond 1000)"
 
 
 def test_metadata_size_limit() -> None:

@@ -50,6 +50,14 @@ _DB_ERRORS = (
 Batch = tuple[list[Pending], str]
 
 
+class TopologyMismatch(Exception):
+    """The broker already has our queue or exchange declared with other arguments.
+
+    Retrying cannot help (the broker answers PRECONDITION_FAILED every time), so the recorder
+    stops with a message that says which settings must match.
+    """
+
+
 def dead_letter_class(reason: str) -> str:
     """A low-cardinality label for ``messages_dead_lettered_total{reason}``."""
     if reason.startswith(("body", "invalid JSON", "nesting")):
@@ -156,7 +164,9 @@ class Recorder:
                     self.settings.database_url,
                     min_size=1,
                     max_size=self.settings.rabbitmq_numbers_of_workers + 1,
-                    command_timeout=60,
+                    # a held (partitioned) connection is noticed after this long, then retried
+                    command_timeout=15,
+                    timeout=10,
                 )
                 self._db_ok = True
                 return True
@@ -177,7 +187,17 @@ class Recorder:
                 connection = await aio_pika.connect(self.settings.rabbitmq_url, timeout=10)
                 consume_channel = await connection.channel(publisher_confirms=False)
                 await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
-                await declare_topology(consume_channel, self.topology)
+                try:
+                    await declare_topology(consume_channel, self.topology)
+                except aiormq.exceptions.ChannelPreconditionFailed as exc:
+                    raise TopologyMismatch(
+                        f"the broker refused our topology ({exc}): queue {self.topology.queue} "
+                        "or its exchanges already exist with other arguments. The queue must be "
+                        "a quorum queue with x-delivery-limit=RABBITMQ_DELIVERY_LIMIT "
+                        f"({self.topology.delivery_limit}) and x-dead-letter-exchange="
+                        f"{self.topology.dead_letter_exchange}; set RABBITMQ_DELIVERY_LIMIT to "
+                        "the existing value, use another RABBITMQ_QUEUE, or delete the queue."
+                    ) from None
                 dl_channel = await connection.channel(publisher_confirms=True)
                 dlx = await dl_channel.get_exchange(self.topology.dead_letter_exchange)
                 self._dead_letterer = DeadLetterer(dlx)

@@ -21,6 +21,7 @@ from settings import Settings, SettingsError, load_settings
 log = logging.getLogger(__name__)
 
 EXIT_SETTINGS = 2
+EXIT_TOPOLOGY = 3
 
 T = TypeVar("T")
 
@@ -70,10 +71,14 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.app import Recorder
+    from consumer.app import Recorder, TopologyMismatch
 
     async def body(stop: asyncio.Event) -> int:
-        await Recorder(settings).run(stop)
+        try:
+            await Recorder(settings).run(stop)
+        except TopologyMismatch as exc:
+            log.error("%s", exc)
+            return EXIT_TOPOLOGY
         return 0
 
     return run_async(with_stop_signals(body))

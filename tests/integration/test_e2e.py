@@ -128,3 +128,18 @@ def test_bad_setting_stops_start_up_naming_the_variable(name: str, value: str) -
     assert result.returncode == 2
     assert name in result.stderr
     assert value in result.stderr
+
+
+async def test_queue_declared_with_other_arguments_stops_start_up_clearly(
+    make_settings, broker
+) -> None:
+    # the broker fixture declared the queue with delivery limit 5; ask for 7
+    env = settings_env(make_settings(rabbitmq_delivery_limit=7))
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "consume", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 3
+    text = err.decode()
+    assert "PRECONDITION_FAILED" in text
+    assert "RABBITMQ_DELIVERY_LIMIT" in text

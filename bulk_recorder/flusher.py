@@ -63,6 +63,11 @@ class Pending:
     delivery: Delivery
 
 
+AckMany = Callable[[Sequence[Delivery]], Awaitable[int]]
+"""Acks many deliveries at once (still one ack each, never ``multiple``); returns how many
+were acked (the rest belonged to a closed channel)."""
+
+
 class Released(Exception):
     """A transient failure outlasted ``release_after_s``: the batch goes back to the broker."""
 
@@ -95,6 +100,7 @@ class Flusher:
         backoff: Backoff | None = None,
         on_outage: Callable[[bool], None] | None = None,
         on_release: Callable[[], Awaitable[None]] | None = None,
+        ack_many: AckMany | None = None,
     ) -> None:
         self._writer = writer
         self._metrics = metrics
@@ -103,6 +109,7 @@ class Flusher:
         self._backoff = backoff or Backoff()
         self._on_outage = on_outage
         self._on_release = on_release
+        self._ack_many = ack_many
         self._outage_since: float | None = None
 
     @property
@@ -189,11 +196,15 @@ class Flusher:
     async def _settle(self, outcome: _Outcome, released: list[Pending]) -> None:
         metrics = self._metrics
         acked = dropped = 0
-        for p in outcome.committed:
-            if await p.delivery.ack():
-                acked += 1
-            else:
-                dropped += 1
+        if self._ack_many is not None:
+            acked = await self._ack_many([p.delivery for p in outcome.committed])
+            dropped = len(outcome.committed) - acked
+        else:
+            for p in outcome.committed:
+                if await p.delivery.ack():
+                    acked += 1
+                else:
+                    dropped += 1
         metrics.messages_acked.inc(acked)
         for p, reason in outcome.poison:
             delivery = p.delivery

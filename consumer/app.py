@@ -25,7 +25,7 @@ from bulk_recorder.metrics import Metrics
 from bulk_recorder.migrate import migrate
 from bulk_recorder.records import RecordError, decode
 from bulk_recorder.writer import PgWriter, rows_per_insert
-from consumer.delivery import AmqpDelivery, DeadLetterer
+from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
 from consumer.health import HealthServer
 from consumer.topology import Topology, declare_topology
 from settings import Settings
@@ -144,6 +144,7 @@ class Recorder:
                 backoff=Backoff(),
                 on_outage=self._on_outage,
                 on_release=self._on_release,
+                ack_many=ack_each,
             )
             workers = [
                 asyncio.create_task(self._flush_worker(), name=f"flush-worker-{i}")

@@ -10,12 +10,16 @@ and the broker redelivers the message.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractExchange
-from aiormq.abc import AbstractChannel, DeliveredMessage
+from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
+from pamqp import commands as spec
+
+from bulk_recorder.flusher import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +123,34 @@ class AmqpDelivery:
         if not await self._dead_letterer.publish(self._message, reason):
             return False
         return await self.ack()
+
+
+async def ack_each(deliveries: Sequence[Delivery]) -> int:
+    """One basic.ack per delivery (never ``multiple``), written as one buffer per channel.
+
+    Awaiting ``basic_ack`` per delivery costs a queue put and a frame write each; a batch's
+    ack frames marshalled together reach the socket in one write (the broker still sees one
+    Basic.Ack per delivery tag). Returns how many were acked; deliveries of a closed channel
+    are skipped: their tags mean nothing elsewhere and the broker redelivers them.
+    """
+    groups: dict[int, tuple[AbstractChannel, list[int]]] = {}
+    for delivery in deliveries:
+        assert isinstance(delivery, AmqpDelivery)
+        channel = delivery.channel
+        group = groups.get(id(channel))
+        if group is None:
+            group = groups[id(channel)] = (channel, [])
+        group[1].append(delivery.tag)
+    acked = 0
+    for channel, tags in groups.values():
+        if channel.is_closed or channel.number is None:
+            continue
+        frame = ChannelFrame.marshall(
+            channel.number, [spec.Basic.Ack(delivery_tag=t) for t in tags]
+        )
+        try:
+            await channel.connection.write_queue.put(frame)
+        except _CHANNEL_GONE:
+            continue
+        acked += len(tags)
+    return acked

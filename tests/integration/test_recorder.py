@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 import pytest
 
+import consumer.app
+import consumer.delivery
+from bulk_recorder.flusher import Delivery
 from bulk_recorder.loadgen import Generator
 from consumer.delivery import ERROR_HEADER, AmqpDelivery
 from tests.conftest import Broker, wait_for
@@ -235,11 +239,10 @@ async def test_no_delivery_is_acked_before_its_row_is_committed(
     checker = await db()
     violations: list[str] = []
     checked: list[str] = []
-    original_ack = AmqpDelivery.ack
     lock = asyncio.Lock()
 
-    async def checking_ack(self: AmqpDelivery) -> bool:
-        record_id = json.loads(self._message.body)["id"]
+    async def check(delivery: AmqpDelivery) -> None:
+        record_id = json.loads(delivery._message.body)["id"]
         async with lock:  # a separate connection: sees only committed rows
             visible = await checker.fetchval(
                 "SELECT count(*) FROM credit_annotations WHERE id = $1", record_id
@@ -247,9 +250,22 @@ async def test_no_delivery_is_acked_before_its_row_is_committed(
         checked.append(record_id)
         if visible != 1:
             violations.append(record_id)
+
+    # Guard both ack paths: the batched one the recorder uses and the single one.
+    original_ack, original_ack_each = AmqpDelivery.ack, consumer.delivery.ack_each
+
+    async def checking_ack(self: AmqpDelivery) -> bool:
+        await check(self)
         return await original_ack(self)
 
+    async def checking_ack_each(deliveries: Sequence[Delivery]) -> int:
+        for delivery in deliveries:
+            assert isinstance(delivery, AmqpDelivery)
+            await check(delivery)
+        return await original_ack_each(deliveries)
+
     monkeypatch.setattr(AmqpDelivery, "ack", checking_ack)
+    monkeypatch.setattr(consumer.app, "ack_each", checking_ack_each)
     rec = await start_recorder(settings)
     anns = [gen.credit_annotation() for _ in range(120)]
     await broker.publish_many([(body(a), "credit_annotation") for a in anns])

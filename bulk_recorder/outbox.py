@@ -38,9 +38,9 @@ import asyncpg
 from aiormq.abc import AbstractChannel
 from asyncpg.pool import PoolConnectionProxy
 
+from bulk_recorder.db import DB_ERRORS, open_pool_when_ready, wait_or_stop
 from bulk_recorder.flusher import Backoff
 from bulk_recorder.metrics import Metrics
-from bulk_recorder.migrate import migrate
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -85,14 +85,6 @@ SELECT count(*) AS backlog,
 FROM outbox WHERE parked_at IS NULL
 """
 
-# InternalClientError: what asyncpg raises on a connection the server has just terminated.
-_DB_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.InternalClientError,
-    OSError,
-    TimeoutError,
-)
 _BROKER_ERRORS = (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError, RuntimeError)
 
 
@@ -268,24 +260,11 @@ class Relay:
             log.info("relay stopped")
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        while not stop.is_set():
-            try:
-                await migrate(self.settings.database_url)
-                self._pool = await asyncpg.create_pool(
-                    self.settings.database_url,
-                    min_size=1,
-                    max_size=self.config.lanes + 1,
-                    command_timeout=60,
-                )
-                self._db_ok = True
-                return True
-            except _DB_ERRORS as exc:
-                log.warning("database not reachable yet (%s); retrying", exc)
-                await _wait(stop, backoff.delay(attempt))
-                attempt += 1
-        return False
+        self._pool = await open_pool_when_ready(
+            self.settings.database_url, max_size=self.config.lanes + 1, stop=stop
+        )
+        self._db_ok = self._pool is not None
+        return self._db_ok
 
     async def _broker_loop(self, stop: asyncio.Event) -> None:
         backoff = Backoff(base_s=0.2, cap_s=5.0)
@@ -325,7 +304,7 @@ class Relay:
                         await asyncio.wait_for(connection.close(), 10)
             if stop.is_set():
                 break
-            await _wait(stop, backoff.delay(attempt))
+            await wait_or_stop(stop, backoff.delay(attempt))
             attempt += 1
 
     async def _listen_loop(self, stop: asyncio.Event) -> None:
@@ -348,15 +327,15 @@ class Relay:
                 finally:
                     stopped.cancel()
                     gone.cancel()
-            except _DB_ERRORS as exc:
+            except DB_ERRORS as exc:
                 log.warning("outbox listener connection failed (%s); polling meanwhile", exc)
             finally:
                 if conn is not None and not conn.is_closed():
-                    with contextlib.suppress(*_DB_ERRORS):
+                    with contextlib.suppress(*DB_ERRORS):
                         await asyncio.wait_for(conn.close(), 5)
             if stop.is_set():
                 break
-            await _wait(stop, backoff.delay(attempt))
+            await wait_or_stop(stop, backoff.delay(attempt))
             attempt += 1
 
     async def _stats_loop(self, stop: asyncio.Event) -> None:
@@ -365,9 +344,9 @@ class Relay:
             try:
                 async with self._pool.acquire(timeout=5) as conn:
                     record_stats(self.metrics, await outbox_stats(conn))
-            except _DB_ERRORS as exc:
+            except DB_ERRORS as exc:
                 log.debug("outbox stats failed: %s", exc)
-            await _wait(stop, self.config.stats_interval_s)
+            await wait_or_stop(stop, self.config.stats_interval_s)
 
     async def _lane(self, index: int, stop: asyncio.Event) -> None:
         wake = self._wakes[index]
@@ -380,22 +359,22 @@ class Relay:
             wake.clear()
             try:
                 result = await self.relay_batch()
-            except _DB_ERRORS as exc:
+            except DB_ERRORS as exc:
                 self._db_ok = False
                 log.warning("outbox batch failed on the database (%s); retrying", exc)
-                await _wait(stop, backoff.delay(db_failures))
+                await wait_or_stop(stop, backoff.delay(db_failures))
                 db_failures += 1
                 continue
             except Exception:  # a bug must not silently stop a lane: the batch rolled back
                 log.exception("outbox batch failed unexpectedly; its rows stay and are retried")
-                await _wait(stop, backoff.delay(db_failures))
+                await wait_or_stop(stop, backoff.delay(db_failures))
                 db_failures += 1
                 continue
             self._db_ok = True
             db_failures = 0
             if result.lost:
                 # The channel went away mid-batch: wait for the broker loop to notice.
-                await _wait(stop, 0.2)
+                await wait_or_stop(stop, 0.2)
                 continue
             if result.claimed == self.config.batch_size and not result.refused:
                 continue  # probably more rows: go on without waiting
@@ -507,11 +486,6 @@ def _setter(event: asyncio.Event) -> Callable[[object], None]:
         event.set()
 
     return set_event
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def _wait_any(*events: asyncio.Event, seconds: float | None = None) -> None:

@@ -20,9 +20,9 @@ import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
 from bulk_recorder.collector import BulkCollector
+from bulk_recorder.db import open_pool_when_ready, wait_or_stop
 from bulk_recorder.flusher import Backoff, Flusher, Pending
 from bulk_recorder.metrics import Metrics
-from bulk_recorder.migrate import migrate
 from bulk_recorder.records import RecordError, decode
 from bulk_recorder.writer import PgWriter, rows_per_insert
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
@@ -38,13 +38,6 @@ _BROKER_ERRORS = (
     OSError,
     TimeoutError,
     RuntimeError,
-)
-_DB_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
 )
 
 Batch = tuple[list[Pending], str]
@@ -156,26 +149,13 @@ class Recorder:
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         """Migrate and open the pool, retrying while the database is not there yet."""
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        while not stop.is_set():
-            try:
-                await migrate(self.settings.database_url)
-                self._pool = await asyncpg.create_pool(
-                    self.settings.database_url,
-                    min_size=1,
-                    max_size=self.settings.rabbitmq_numbers_of_workers + 1,
-                    # a held (partitioned) connection is noticed after this long, then retried
-                    command_timeout=15,
-                    timeout=10,
-                )
-                self._db_ok = True
-                return True
-            except _DB_ERRORS as exc:
-                log.warning("database not reachable yet (%s); retrying", exc)
-                await _wait(stop, backoff.delay(attempt))
-                attempt += 1
-        return False
+        self._pool = await open_pool_when_ready(
+            self.settings.database_url,
+            max_size=self.settings.rabbitmq_numbers_of_workers + 1,
+            stop=stop,
+        )
+        self._db_ok = self._pool is not None
+        return self._db_ok
 
     async def _broker_loop(self, stop: asyncio.Event) -> None:
         backoff = Backoff(base_s=0.2, cap_s=5.0)
@@ -227,7 +207,7 @@ class Recorder:
                     await _unblock_writers(channel)
             if stop.is_set():
                 break
-            await _wait(stop, backoff.delay(attempt))
+            await wait_or_stop(stop, backoff.delay(attempt))
             attempt += 1
 
     async def _wait_and_consume(
@@ -442,8 +422,3 @@ async def _unblock_writers(channel: AbstractChannel) -> None:
         while not queue.empty():
             queue.get_nowait()
         await asyncio.sleep(0)  # the woken callers put their frames now
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,55 @@
+"""Opening the database for a long-running process: migrate, then a pool, retried until ready.
+
+Shared by the recorder and the relay, which both start whether or not PostgreSQL is up yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import asyncpg
+
+from bulk_recorder.flusher import Backoff
+from bulk_recorder.migrate import migrate
+
+log = logging.getLogger(__name__)
+
+# What a database that is away looks like to asyncpg. InternalClientError is what it raises on
+# a pooled connection the server has just terminated.
+DB_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+# A held (partitioned) connection is noticed after this long, then retried as an outage.
+COMMAND_TIMEOUT_S = 15.0
+
+
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less if ``stop`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def open_pool_when_ready(
+    dsn: str, *, max_size: int, stop: asyncio.Event
+) -> asyncpg.Pool | None:
+    """Migrate and open a pool, retrying with backoff; None if ``stop`` is set first."""
+    backoff = Backoff(base_s=0.2, cap_s=5.0)
+    attempt = 0
+    while not stop.is_set():
+        try:
+            await migrate(dsn)
+            return await asyncpg.create_pool(
+                dsn, min_size=1, max_size=max_size, command_timeout=COMMAND_TIMEOUT_S, timeout=10
+            )
+        except DB_ERRORS as exc:
+            log.warning("database not reachable yet (%s); retrying", exc)
+            await wait_or_stop(stop, backoff.delay(attempt))
+            attempt += 1
+    return None

@@ -141,6 +141,7 @@ def _version(package: str) -> str:
 async def machine_facts() -> dict[str, str]:
     """nproc, RAM, CPU, load, library and server versions: the header of every result."""
     facts = {
+        "recorder code (git)": _code_version(),
         "nproc": str(os.cpu_count()),
         "cpu": _cpu_model(),
         "ram": f"{_mem_total_gib():.1f} GiB",
@@ -168,6 +169,29 @@ async def machine_facts() -> dict[str, str]:
         finally:
             await mq.close()
     return facts
+
+
+_RECORDER_PATHS = ("bulk_recorder", "consumer", "settings.py")
+
+
+def _code_version() -> str:
+    """HEAD of the repository, and whether the recorder's files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%h %cI"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", *_RECORDER_PATHS],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head + (" (+ uncommitted changes)" if dirty else "")
 
 
 def facts_table(facts: dict[str, str]) -> str:

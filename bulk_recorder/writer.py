@@ -67,10 +67,10 @@ ANNOTATION_COLUMNS = (
 _INSERT_TRANSACTIONS = """
 INSERT INTO transactions (id, organization_id, ledger_id, description, status, asset_code,
                           amount, created_at, metadata)
-SELECT u.id, u.organization_id, u.ledger_id, u.description, u.status, u.asset_code, u.amount,
-       coalesce(u.created_at, now()), u.metadata
-FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-            $7::numeric[], $8::timestamptz[], $9::jsonb[])
+SELECT u.id::uuid, u.organization_id::uuid, u.ledger_id::uuid, u.description, u.status,
+       u.asset_code, u.amount::numeric, coalesce(u.created_at, now()), u.metadata::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::text[], $8::timestamptz[], $9::text[])
      AS u(id, organization_id, ledger_id, description, status, asset_code, amount, created_at,
           metadata)
 ON CONFLICT (id) DO NOTHING
@@ -79,17 +79,17 @@ RETURNING id::text
 
 _INSERT_OPERATIONS = """
 INSERT INTO operations (id, transaction_id, account_id, type, amount, asset_code, created_at)
-SELECT u.id, u.transaction_id, u.account_id, u.type, u.amount, u.asset_code,
-       coalesce(u.created_at, now())
-FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::numeric[], $6::text[],
+SELECT u.id::uuid, u.transaction_id::uuid, u.account_id::uuid, u.type, u.amount::numeric,
+       u.asset_code, coalesce(u.created_at, now())
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
             $7::timestamptz[])
      AS u(id, transaction_id, account_id, type, amount, asset_code, created_at)
 """
 
 _APPLY_BALANCES = """
 INSERT INTO balances AS b (account_id, asset_code, available)
-SELECT u.account_id, u.asset_code, u.delta
-FROM unnest($1::uuid[], $2::text[], $3::numeric[]) AS u(account_id, asset_code, delta)
+SELECT u.account_id::uuid, u.asset_code, u.delta::numeric
+FROM unnest($1::text[], $2::text[], $3::text[]) AS u(account_id, asset_code, delta)
 ON CONFLICT (account_id, asset_code)
 DO UPDATE SET available = b.available + EXCLUDED.available, updated_at = now()
 """
@@ -97,8 +97,11 @@ DO UPDATE SET available = b.available + EXCLUDED.available, updated_at = now()
 _INSERT_ANNOTATIONS = """
 INSERT INTO credit_annotations (id, job_id, document, document_type, kind, creditor, amount,
                                 occurred_on, reason)
-SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
-                     $7::numeric[], $8::date[], $9::text[])
+SELECT u.id::uuid, u.job_id::uuid, u.document, u.document_type, u.kind, u.creditor,
+       u.amount::numeric, u.occurred_on, u.reason
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+            $7::text[], $8::date[], $9::text[])
+     AS u(id, job_id, document, document_type, kind, creditor, amount, occurred_on, reason)
 ON CONFLICT (id) DO NOTHING
 RETURNING id::text
 """
@@ -200,7 +203,7 @@ class PgWriter:
                 [t.description for t in chunk],
                 [t.status for t in chunk],
                 [t.asset_code for t in chunk],
-                [t.amount for t in chunk],
+                [str(t.amount) for t in chunk],
                 [t.created_at for t in chunk],
                 [t.metadata for t in chunk],
             )
@@ -222,7 +225,7 @@ class PgWriter:
                 [t.id for _, t in chunk],
                 [op.account_id for op, _ in chunk],
                 [op.type for op, _ in chunk],
-                [op.amount for op, _ in chunk],
+                [str(op.amount) for op, _ in chunk],
                 [op.asset_code for op, _ in chunk],
                 [t.created_at for _, t in chunk],
             )
@@ -237,7 +240,7 @@ class PgWriter:
                     _APPLY_BALANCES,
                     [k[0] for k in chunk],
                     [k[1] for k in chunk],
-                    [deltas[k] for k in chunk],
+                    [str(deltas[k]) for k in chunk],
                 )
             bal = result.table("balances")
             bal.attempted += len(keys)
@@ -258,7 +261,7 @@ class PgWriter:
                 [a.document_type for a in chunk],
                 [a.kind for a in chunk],
                 [a.creditor for a in chunk],
-                [a.amount for a in chunk],
+                [str(a.amount) for a in chunk],
                 [a.occurred_on for a in chunk],
                 [a.reason for a in chunk],
             )

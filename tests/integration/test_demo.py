@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 
 import pytest
@@ -16,19 +19,19 @@ pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 async def test_demo_passes_its_checks(make_settings, broker, via: str) -> None:
     env = settings_env(make_settings(metrics_port=0))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "consumer.cli",
-        "demo",
-        "--count",
-        "3000",
-        "--via",
-        via,
+        *[sys.executable, "-m", "consumer.cli", "demo", "--count", "3000", "--via", via],
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,  # its recorder, relay and API share the group: killed together
     )
-    out, _ = await asyncio.wait_for(proc.communicate(), 300)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 300)
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
     text = out.decode()
     assert proc.returncode == 0, text
     assert "FAIL" not in text

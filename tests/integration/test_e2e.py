@@ -61,7 +61,12 @@ async def test_consume_process_records_published_load_and_stops_on_sigterm(
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )
-            out, err = await asyncio.wait_for(publish.communicate(), 120)
+            try:
+                out, err = await asyncio.wait_for(publish.communicate(), 120)
+            finally:
+                if publish.returncode is None:
+                    publish.kill()
+                    await publish.wait()
             assert publish.returncode == 0, err.decode()
             assert "3360 messages (3000 valid, 300 duplicates, 60 invalid)" in out.decode()
             conn = await db()
@@ -138,7 +143,12 @@ async def test_queue_declared_with_other_arguments_stops_start_up_clearly(
     proc = await asyncio.create_subprocess_exec(
         *CLI, "consume", env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:  # never leave a looping recorder behind if the test fails
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 3
     text = err.decode()
     assert "PRECONDITION_FAILED" in text

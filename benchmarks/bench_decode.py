@@ -22,7 +22,9 @@ from bulk_recorder.records import decode
 
 orjson_loads: Callable[[bytes], Any] | None
 try:  # not a dependency: only shown for comparison with the stdlib parser that decode() uses
-    from orjson import loads as orjson_loads
+    import orjson
+
+    orjson_loads = orjson.loads
 except ImportError:  # pragma: no cover
     orjson_loads = None
 

@@ -58,7 +58,9 @@ def bad_inputs(gen: Generator) -> list[tuple[str, bytes, str | None, str]]:
     nested: Any = 1
     for _ in range(40):
         nested = {"a": nested}
-    inf_metadata = tx(lambda t: t.update(metadata={"n": 0})).replace(b'"n": 0', b'"n": 1e400')
+    # 1e400 is beyond a double but jsonb keeps it exactly (accepted); an exponent this large is
+    # beyond what PostgreSQL's numeric can hold, so it is refused here with a reason.
+    inf_metadata = tx(lambda t: t.update(metadata={"n": 0})).replace(b'"n": 0', b'"n": 1e999999')
     surrogate = _dump(gen.credit_annotation()).replace(b'"Banco', b'"\\ud800Banco')
     return [
         ("not JSON", b"{nope", TX, "invalid JSON"),
@@ -140,7 +142,7 @@ def bad_inputs(gen: Generator) -> list[tuple[str, bytes, str | None, str]]:
         ("NUL in creditor", ann(lambda a: a.update(creditor="x\u0000")), ANN, "contains NUL"),
         ("huge amount", ann(lambda a: a.update(amount="1" + "0" * 30)), ANN, "out of range"),
         ("huge integer", ann(lambda a: a.update(amount=10**40)), ANN, "out of range"),
-        ("number beyond a double", inf_metadata, TX, "numbers must be finite"),
+        ("number beyond numeric", inf_metadata, TX, "metadata: number out of range"),
         ("number of 4,500 digits", b'{"n": ' + b"9" * 4500 + b"}", TX, "invalid JSON"),
         (
             "oversized body",

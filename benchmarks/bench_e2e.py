@@ -35,6 +35,7 @@ from benchmarks.common import (
     RecorderConfig,
     RecorderProcess,
     Stat,
+    add_recorder_arguments,
     count_rows,
     database_url,
     delay_proxy,
@@ -276,10 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--types", nargs="+", choices=tuple(TABLE_OF), default=["transaction", "credit_annotation"]
     )
-    parser.add_argument("--workers", type=int, default=5)
-    parser.add_argument("--prefetch", type=int, default=10)
-    parser.add_argument("--size", type=int, default=0)
-    parser.add_argument("--timeout-ms", type=int, default=100)
+    add_recorder_arguments(parser)
     parser.add_argument(
         "--db-latency-ms",
         type=float,

@@ -28,16 +28,17 @@ from benchmarks.common import (
     RecorderConfig,
     RecorderProcess,
     Stat,
+    add_recorder_arguments,
     emit,
     facts_table,
     machine_facts,
     progress,
     rabbitmq_url,
+    run_main,
     save_json,
     table,
     temp_database,
     temp_topology,
-    use_uvloop,
 )
 from bulk_recorder.loadgen import Generator
 from consumer.topology import Topology
@@ -236,18 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--poll-ms", type=float, default=5.0)
-    parser.add_argument("--workers", type=int, default=5)
-    parser.add_argument("--prefetch", type=int, default=10)
-    parser.add_argument("--size", type=int, default=0)
-    parser.add_argument("--timeout-ms", type=int, default=100)
+    add_recorder_arguments(parser)
     parser.add_argument("--json", help="write raw results here (for the charts)")
     return parser
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    use_uvloop()
-    asyncio.run(main_async(args))
+    run_main(build_parser(), main_async)
 
 
 if __name__ == "__main__":

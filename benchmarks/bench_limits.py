@@ -49,11 +49,11 @@ from benchmarks.common import (
     progress,
     rabbitmq_url,
     ratio,
+    run_main,
     save_json,
     table,
     temp_database,
     temp_topology,
-    use_uvloop,
     wait_visible,
 )
 from bulk_recorder.loadgen import Generator
@@ -427,9 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    use_uvloop()
-    asyncio.run(main_async(args))
+    run_main(build_parser(), main_async)
 
 
 if __name__ == "__main__":

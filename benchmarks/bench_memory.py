@@ -13,13 +13,13 @@ would show as growth that scales with the count; a flat line is the goal: <= 200
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from benchmarks.common import (
     PgCpu,
     RecorderConfig,
     RecorderProcess,
     Stat,
+    add_recorder_arguments,
     database_url,
     drain,
     emit,
@@ -27,11 +27,11 @@ from benchmarks.common import (
     fill,
     machine_facts,
     progress,
+    run_main,
     save_json,
     table,
     temp_database,
     temp_topology,
-    use_uvloop,
 )
 
 MARKS = (0.01, 0.25, 0.5, 0.75, 1.0)
@@ -101,18 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--count", type=int, default=60_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=5)
-    parser.add_argument("--prefetch", type=int, default=10)
-    parser.add_argument("--size", type=int, default=0)
-    parser.add_argument("--timeout-ms", type=int, default=100)
+    add_recorder_arguments(parser)
     parser.add_argument("--json", help="write raw results here (for the charts)")
     return parser
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    use_uvloop()
-    asyncio.run(main_async(args))
+    run_main(build_parser(), main_async)
 
 
 if __name__ == "__main__":

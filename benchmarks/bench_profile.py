@@ -32,16 +32,17 @@ from benchmarks.common import (
     RecorderConfig,
     RecorderProcess,
     Stat,
+    add_recorder_arguments,
     emit,
     facts_table,
     fill,
     machine_facts,
     progress,
+    run_main,
     save_json,
     table,
     temp_database,
     temp_topology,
-    use_uvloop,
 )
 
 # (category, substrings any of which in a frame "function (file:line)" puts a sample there);
@@ -265,10 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--count", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=5)
-    parser.add_argument("--prefetch", type=int, default=10)
-    parser.add_argument("--size", type=int, default=0)
-    parser.add_argument("--timeout-ms", type=int, default=100)
+    add_recorder_arguments(parser)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument(
         "--out", default="benchmarks/out/profile.txt", help="collapsed stacks (per run)"
@@ -279,9 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    use_uvloop()
-    asyncio.run(main_async(args))
+    run_main(build_parser(), main_async)
 
 
 if __name__ == "__main__":

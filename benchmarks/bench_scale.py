@@ -14,7 +14,6 @@ process can only use what the first left idle.
 from __future__ import annotations
 
 import argparse
-import asyncio
 
 from benchmarks.bench_limits import consume
 from benchmarks.common import (
@@ -22,6 +21,7 @@ from benchmarks.common import (
     RecorderConfig,
     RecorderProcess,
     Stat,
+    add_recorder_arguments,
     count_rows,
     database_url,
     drain,
@@ -31,11 +31,11 @@ from benchmarks.common import (
     machine_facts,
     progress,
     ratio,
+    run_main,
     save_json,
     table,
     temp_database,
     temp_topology,
-    use_uvloop,
 )
 
 
@@ -132,18 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--count", type=int, default=30_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--workers", type=int, default=5)
-    parser.add_argument("--prefetch", type=int, default=10)
-    parser.add_argument("--size", type=int, default=0)
-    parser.add_argument("--timeout-ms", type=int, default=100)
+    add_recorder_arguments(parser)
     parser.add_argument("--json", help="write raw results here (for the charts)")
     return parser
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    use_uvloop()
-    asyncio.run(main_async(args))
+    run_main(build_parser(), main_async)
 
 
 if __name__ == "__main__":

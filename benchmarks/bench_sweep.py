@@ -16,7 +16,6 @@ ratio to it in the same round. The order of the points is shuffled per round.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import random
 from dataclasses import asdict, dataclass, field
@@ -36,11 +35,11 @@ from benchmarks.common import (
     histogram_quantile,
     machine_facts,
     progress,
+    run_main,
     save_json,
     table,
     temp_database,
     temp_topology,
-    use_uvloop,
 )
 
 DEFAULT = (5, 10, 0, 100)
@@ -213,9 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    use_uvloop()
-    asyncio.run(main_async(args))
+    run_main(build_parser(), main_async)
 
 
 if __name__ == "__main__":

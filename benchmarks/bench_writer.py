@@ -25,7 +25,6 @@ id kind, and the methods take turns (their order rotates per run). Rows/s counts
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import random
@@ -43,10 +42,10 @@ from benchmarks.common import (
     machine_facts,
     progress,
     ratio,
+    run_main,
     save_json,
     table,
     temp_database,
-    use_uvloop,
 )
 from bulk_recorder.loadgen import Generator, uuid7
 from bulk_recorder.records import CreditAnnotation, Record, Transaction, decode
@@ -432,9 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
-    use_uvloop()
-    asyncio.run(main_async(args))
+    run_main(build_parser(), main_async)
 
 
 if __name__ == "__main__":

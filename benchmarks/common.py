@@ -7,6 +7,7 @@ processes) has a unique name and is removed at the end, even when the run fails.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -19,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -59,6 +60,24 @@ def use_uvloop() -> None:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def add_recorder_arguments(parser: argparse.ArgumentParser) -> None:
+    """The recorder settings a benchmark run uses (the service's defaults)."""
+    parser.add_argument("--workers", type=int, default=5)
+    parser.add_argument("--prefetch", type=int, default=10)
+    parser.add_argument("--size", type=int, default=0)
+    parser.add_argument("--timeout-ms", type=int, default=100)
+
+
+def run_main(
+    parser: argparse.ArgumentParser,
+    main_async: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
+) -> None:
+    """Parse the command line and run the benchmark on uvloop."""
+    args = parser.parse_args()
+    use_uvloop()
+    asyncio.run(main_async(args))
 
 
 # -- statistics and tables -------------------------------------------------------------------

@@ -38,6 +38,7 @@ import asyncpg
 from aiormq.abc import AbstractChannel
 from asyncpg.pool import PoolConnectionProxy
 
+from bulk_recorder.broker import BROKER_ERRORS
 from bulk_recorder.db import DB_ERRORS, open_pool_when_ready, wait_or_stop
 from bulk_recorder.flusher import Backoff
 from bulk_recorder.metrics import Metrics
@@ -84,8 +85,6 @@ SELECT count(*) AS backlog,
        coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 AS oldest
 FROM outbox WHERE parked_at IS NULL
 """
-
-_BROKER_ERRORS = (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError, RuntimeError)
 
 
 # -- write helpers (producers) ----------------------------------------------------------------
@@ -293,14 +292,16 @@ class Relay:
                     stopped.cancel()
                 if not stop.is_set():
                     log.warning("relay lost the broker connection; rows wait in the outbox")
-            except _BROKER_ERRORS as exc:
-                log.warning("broker not reachable (%s); rows wait in the outbox", exc)
+            except BROKER_ERRORS as exc:
+                log.warning("broker not reachable (%r); rows wait in the outbox", exc)
                 log.debug("broker failure", exc_info=True)
+            except Exception:  # a surprise from the client library must not end the relay
+                log.exception("unexpected error on the broker connection; rows wait in the outbox")
             finally:
                 self._broker_up.clear()
                 self._channel = None
                 if connection is not None:
-                    with contextlib.suppress(*_BROKER_ERRORS):
+                    with contextlib.suppress(*BROKER_ERRORS):
                         await asyncio.wait_for(connection.close(), 10)
             if stop.is_set():
                 break

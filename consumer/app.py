@@ -19,6 +19,7 @@ import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
+from bulk_recorder.broker import BROKER_ERRORS
 from bulk_recorder.collector import BulkCollector
 from bulk_recorder.db import open_pool_when_ready, wait_or_stop
 from bulk_recorder.flusher import Backoff, Flusher, Pending
@@ -32,13 +33,6 @@ from settings import Settings
 
 log = logging.getLogger(__name__)
 
-_BROKER_ERRORS = (
-    aiormq.exceptions.AMQPError,
-    ConnectionError,
-    OSError,
-    TimeoutError,
-    RuntimeError,
-)
 
 Batch = tuple[list[Pending], str]
 
@@ -193,15 +187,19 @@ class Recorder:
                 self._broker_ok = True
                 log.info("consuming from %s", self.topology.queue)
                 await self._wait_and_consume(stop, connection, channel, dead_letter_channel)
-            except _BROKER_ERRORS as exc:
-                log.warning("broker connection failed: %s", exc)
+            except TopologyMismatch:
+                raise
+            except BROKER_ERRORS as exc:
+                log.warning("broker connection failed: %r", exc)
                 log.debug("broker failure", exc_info=True)
+            except Exception:  # a surprise from the client library must not end the service
+                log.exception("unexpected error on the broker connection; reconnecting")
             finally:
                 self._broker_ok = False
                 if channel is not None and not stop.is_set():
                     self._drop_channel(channel)
                 if connection is not None and not stop.is_set():
-                    with contextlib.suppress(*_BROKER_ERRORS):
+                    with contextlib.suppress(*BROKER_ERRORS):
                         await connection.close()
                 if channel is not None and not stop.is_set():
                     await _unblock_writers(channel)
@@ -255,7 +253,7 @@ class Recorder:
             channel, tag = self._channel, self._consumer_tag
             self._consumer_tag = None
             if channel is not None and tag is not None and not channel.is_closed:
-                with contextlib.suppress(*_BROKER_ERRORS):
+                with contextlib.suppress(*BROKER_ERRORS):
                     await channel.basic_cancel(tag)
 
     def _drop_channel(self, channel: AbstractChannel) -> None:
@@ -367,7 +365,7 @@ class Recorder:
         self._flusher.recovered()
         log.info("database is back: intake resumed")
         self._intake.set()
-        with contextlib.suppress(*_BROKER_ERRORS):
+        with contextlib.suppress(*BROKER_ERRORS):
             await self._start_consuming()
 
     # -- shutdown -------------------------------------------------------------------------
@@ -396,7 +394,7 @@ class Recorder:
         self._collector.close()
         connection = self._connection
         if connection is not None:
-            with contextlib.suppress(*_BROKER_ERRORS):
+            with contextlib.suppress(*BROKER_ERRORS):
                 await asyncio.wait_for(connection.close(), 10)
         if self._pool is not None:
             try:

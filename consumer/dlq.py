@@ -31,6 +31,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
+from bulk_recorder.broker import BROKER_ERRORS
 from consumer.delivery import ERROR_HEADER
 from consumer.topology import Topology, declare_topology
 from settings import Settings
@@ -59,8 +60,6 @@ REPLAY_WINDOW = 200  # publishes awaiting their confirm at once
 # basic.get without aio-pika's default 5 s timeout: on Python 3.11 that timeout goes through
 # asyncio.wait_for, which can swallow a cancellation (Ctrl-C) that arrives as the reply lands.
 GET_TIMEOUT = None
-
-_BROKER_ERRORS = (aiormq.exceptions.AMQPError, OSError, TimeoutError)
 
 
 def _text(value: Any) -> str | None:
@@ -135,7 +134,7 @@ async def _open_dlq(
 async def _connect(settings: Settings) -> aio_pika.abc.AbstractConnection | None:
     try:
         return await aio_pika.connect(settings.rabbitmq_url, timeout=10)
-    except _BROKER_ERRORS as exc:
+    except BROKER_ERRORS as exc:
         print(f"bulk-recorder dlq: cannot reach the broker: {exc}", file=sys.stderr)
         return None
 
@@ -217,7 +216,7 @@ async def replay_dlq(
                 window.release()
             try:
                 await message.ack()
-            except _BROKER_ERRORS as exc:  # published, not acked: it will be replayed again
+            except BROKER_ERRORS as exc:  # published, not acked: it will be replayed again
                 failures.append(f"ack failed after publish: {exc}")
                 return
             moved[reason_group(reason_of(message.headers))] += 1

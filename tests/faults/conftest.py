@@ -110,7 +110,13 @@ class RecorderProcess:
     async def kill(self) -> None:
         """SIGKILL: no shutdown flush, no acks, no goodbye to the broker or the database."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
+        try:
+            self.proc.send_signal(signal.SIGKILL)
+        except ProcessLookupError:  # it had already exited: a crash of its own, not ours
+            code = await self.proc.wait()
+            raise AssertionError(
+                f"{self.log_path.stem} exited by itself (code {code}) before the test killed it"
+            ) from None
         await self.proc.wait()
         self.kills += 1
 

@@ -351,9 +351,15 @@ async def temp_topology(prefix: str = "bench") -> AsyncIterator[Topology]:
         yield topology
     finally:
         with contextlib.suppress(Exception):
-            channel = await connection.channel()
-            await delete_topology(channel, topology)
-        await connection.close()
+            await connection.close()
+        # a fresh connection: the benchmark's may have died with whatever ended the benchmark
+        cleanup = await aio_pika.connect(rabbitmq_url())
+        try:
+            left = await delete_topology(cleanup, topology, wait_s=300)
+        finally:
+            await cleanup.close()
+        for what in left:
+            print(f"warning: could not delete {what}", file=sys.stderr)
 
 
 async def ready_count(queue: str) -> int:

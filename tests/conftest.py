@@ -7,7 +7,6 @@ the defaults); where they are not and a Docker engine exists, testcontainers sta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import socket
@@ -24,7 +23,7 @@ import pytest
 
 from bulk_recorder.metrics import Metrics
 from consumer.app import Recorder
-from consumer.topology import Topology, declare_topology
+from consumer.topology import Topology, declare_topology, delete_topology
 from settings import Settings, load_settings
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -108,15 +107,10 @@ async def topology(services: Services) -> AsyncIterator[Topology]:
     yield topo
     connection = await aio_pika.connect(services.rabbitmq_url)
     try:
-        channel = await connection.channel()
-        for queue in (topo.queue, topo.dead_letter_queue):
-            with contextlib.suppress(Exception):
-                await channel.queue_delete(queue)
-        for exchange in (topo.exchange, topo.dead_letter_exchange):
-            with contextlib.suppress(Exception):
-                await channel.exchange_delete(exchange)
+        left = await delete_topology(connection, topo)
     finally:
         await connection.close()
+    assert not left, f"test topology left on the broker: {left}"
 
 
 SettingsFactory = Callable[..., Settings]

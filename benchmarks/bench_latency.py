@@ -31,6 +31,7 @@ from benchmarks.common import (
     add_recorder_arguments,
     emit,
     facts_table,
+    machine_cpu,
     machine_facts,
     progress,
     rabbitmq_url,
@@ -58,12 +59,21 @@ class Outcome:
     commit_ms: list[float] = field(default_factory=list)
     insert_ms: list[float] = field(default_factory=list)
     missing: int = 0
+    recorder_cpu_s: float = 0.0
+    machine_busy: float = 0.0  # share of all cores busy while the load ran (0..1)
 
 
 async def publish_steady(
-    topology: Topology, rate: int, seconds: float, sent: dict[str, float]
+    topology: Topology,
+    rate: int,
+    seconds: float,
+    sent: dict[str, float],
+    fresh: list[str] | None = None,
 ) -> float:
-    """Publish ``rate`` msg/s for ``seconds``; records id -> publish time in ``sent``."""
+    """Publish ``rate`` msg/s for ``seconds``; records id -> publish time in ``sent``.
+
+    Each id also goes to ``fresh``, if given, for a poller to take without rescanning ``sent``.
+    """
     gen = Generator.create(3)
     connection = await aio_pika.connect(rabbitmq_url())
     try:
@@ -79,10 +89,13 @@ async def publish_steady(
                 record["metadata"] = {"bench": "latency"}
                 body = json.dumps(record, separators=(",", ":")).encode()
                 sent[record["id"]] = time.time()
+                if fresh is not None:
+                    fresh.append(record["id"])
                 task = asyncio.create_task(
                     exchange.publish(
                         aio_pika.Message(
                             body,
+                            message_id=record["id"],
                             content_type="application/json",
                             type="transaction",
                             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
@@ -103,29 +116,77 @@ async def publish_steady(
 
 async def poll_visible(
     dsn: str,
-    sent: dict[str, float],
+    fresh: list[str],
     seen: dict[str, float],
     stop: asyncio.Event,
     poll_s: float,
 ) -> None:
+    """Every ``poll_s``, look up the ids published and not seen yet.
+
+    Only the pending ids are walked (the publisher hands new ids over in ``fresh``): a poller
+    that rescanned everything sent would burn a good part of a core at 1,000 msg/s and take it
+    from the system it measures.
+    """
     conn = await asyncpg.connect(dsn)
+    pending: set[str] = set()
     try:
         while True:
-            pending = [i for i in sent if i not in seen]
+            if fresh:
+                pending.update(fresh)
+                fresh.clear()
             if pending:
                 rows = await conn.fetch(
-                    "SELECT id::text FROM transactions WHERE id = ANY($1::uuid[])", pending
+                    "SELECT id::text FROM transactions WHERE id = ANY($1::uuid[])", list(pending)
                 )
                 now = time.time()
                 for row in rows:
                     seen[row[0]] = now
+                    pending.discard(row[0])
             elif stop.is_set():
-                return
-            if stop.is_set() and len(seen) >= len(sent):
                 return
             await asyncio.sleep(poll_s)
     finally:
         await conn.close()
+
+
+async def run_broker_only(config: RecorderConfig, rate: int, seconds: float) -> Outcome:
+    """The floor: the same load and queue with a raw aio-pika consumer that acks each message.
+
+    publish -> delivered here is what the broker (a quorum queue: replicated log, fsync) costs
+    before any recorder could see a message; the recorder's latency is judged against it.
+    """
+    async with temp_topology("bench_latency_raw") as topology:
+        delivered: dict[str, float] = {}
+        sent: dict[str, float] = {}
+        all_in = asyncio.Event()
+        publishing_done = False
+        connection = await aio_pika.connect(rabbitmq_url())
+        try:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=config.channel_prefetch)
+            queue = await channel.get_queue(topology.queue, ensure=False)
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                delivered[message.message_id or ""] = time.time()
+                await message.ack()
+                if publishing_done and len(delivered) >= len(sent):
+                    all_in.set()
+
+            await queue.consume(on_message)
+            achieved = await publish_steady(topology, rate, seconds, sent)
+            publishing_done = True
+            if len(delivered) < len(sent):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(all_in.wait(), timeout=30)
+        finally:
+            await connection.close()
+    out = Outcome(offered=rate, achieved=achieved)
+    for record_id, t in sent.items():
+        if record_id in delivered:
+            out.commit_ms.append((delivered[record_id] - t) * 1000)
+        else:
+            out.missing += 1
+    return out
 
 
 async def run_load(config: RecorderConfig, rate: int, seconds: float, poll_s: float) -> Outcome:
@@ -142,8 +203,12 @@ async def run_load(config: RecorderConfig, rate: int, seconds: float, poll_s: fl
             sent: dict[str, float] = {}
             seen: dict[str, float] = {}
             stop = asyncio.Event()
-            poller = asyncio.create_task(poll_visible(dsn, sent, seen, stop, poll_s))
-            achieved = await publish_steady(topology, rate, seconds, sent)
+            fresh: list[str] = []
+            poller = asyncio.create_task(poll_visible(dsn, fresh, seen, stop, poll_s))
+            cpu_before, (busy_before, total_before) = recorder.cpu_seconds(), machine_cpu()
+            achieved = await publish_steady(topology, rate, seconds, sent, fresh)
+            busy_after, total_after = machine_cpu()
+            recorder_cpu_s = recorder.cpu_seconds() - cpu_before
             stop.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(poller, timeout=30)
@@ -156,7 +221,8 @@ async def run_load(config: RecorderConfig, rate: int, seconds: float, poll_s: fl
             )
         finally:
             await conn.close()
-    out = Outcome(offered=rate, achieved=achieved)
+    out = Outcome(offered=rate, achieved=achieved, recorder_cpu_s=recorder_cpu_s)
+    out.machine_busy = (busy_after - busy_before) / max(total_after - total_before, 1e-9)
     recorded = {r[0]: r[1] for r in rows}
     for record_id, t in sent.items():
         if record_id in seen:
@@ -178,8 +244,12 @@ async def main_async(args: argparse.Namespace) -> None:
         for rate in args.loads:
             progress(f"run {run + 1}/{args.runs}: {rate:,} msg/s for {args.seconds:g} s")
             o = await run_load(config, rate, args.seconds, args.poll_ms / 1000)
+            floor = await run_broker_only(config, rate, args.seconds)
             s = stats.setdefault(rate, {})
             figures = {
+                "broker p50": quantile(floor.commit_ms, 0.5),
+                "broker p99": quantile(floor.commit_ms, 0.99),
+                "p99 over broker": quantile(o.commit_ms, 0.99) - quantile(floor.commit_ms, 0.99),
                 "achieved": o.achieved,
                 "commit p50": quantile(o.commit_ms, 0.5),
                 "commit p99": quantile(o.commit_ms, 0.99),
@@ -187,6 +257,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 "insert p50": quantile(o.insert_ms, 0.5),
                 "insert p99": quantile(o.insert_ms, 0.99),
                 "missing": float(o.missing),
+                "recorder us/msg": o.recorder_cpu_s / max(len(o.commit_ms), 1) * 1e6,
+                "machine busy %": o.machine_busy * 100,
             }
             for k, v in figures.items():
                 s.setdefault(k, Stat()).add(v)
@@ -206,6 +278,11 @@ async def main_async(args: argparse.Namespace) -> None:
                 s["insert p50"].fmt(1),
                 s["insert p99"].fmt(1),
                 f"{p99 / target:.2f}x of {target} ms",
+                s["broker p50"].fmt(1),
+                s["broker p99"].fmt(1),
+                s["p99 over broker"].fmt(1),
+                s["recorder us/msg"].fmt(),
+                s["machine busy %"].fmt(),
                 s["missing"].fmt(),
             )
         )
@@ -223,6 +300,11 @@ async def main_async(args: argparse.Namespace) -> None:
                 "insert p50",
                 "insert p99",
                 "p99 vs target",
+                "broker-only p50",
+                "broker-only p99",
+                "commit p99 - broker-only p99",
+                "recorder CPU us/msg",
+                "machine busy % (all cores)",
                 "not seen",
             ],
             rows,

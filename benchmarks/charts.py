@@ -114,11 +114,14 @@ def latency_chart(folder: Path) -> Path | None:
         return None
     by_rate: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in data["results"]:
-        for key in ("commit p50", "commit p99"):
-            by_rate[r["rate"]][key].append(r[key])
+        for key in ("commit p50", "commit p99", "broker p99"):
+            if key in r:
+                by_rate[r["rate"]][key].append(r[key])
     rates = sorted(by_rate)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for key, color in (("commit p50", "C0"), ("commit p99", "C3")):
+    for key, color in (("commit p50", "C0"), ("commit p99", "C3"), ("broker p99", "C2")):
+        if not all(by_rate[x][key] for x in rates):
+            continue
         mids = [_mid(by_rate[x][key]) for x in rates]
         ax.errorbar(
             rates,
@@ -127,7 +130,7 @@ def latency_chart(folder: Path) -> Path | None:
             fmt="-o",
             capsize=4,
             color=color,
-            label=key,
+            label="broker-only p99 (no recorder)" if key == "broker p99" else key,
         )
     ax.axhline(150, color="grey", linestyle="--", label="target p99 (timeout + 50 ms)")
     ax.set_yscale("log")

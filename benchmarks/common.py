@@ -246,6 +246,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores (from /proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
 def rss_mib(pid: int) -> float:
     """Resident set size (VmRSS) of a process in MiB (0 when it is gone)."""
     try:

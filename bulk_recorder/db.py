@@ -49,7 +49,9 @@ async def open_pool_when_ready(
                 dsn, min_size=1, max_size=max_size, command_timeout=COMMAND_TIMEOUT_S, timeout=10
             )
         except DB_ERRORS as exc:
-            log.warning("database not reachable yet (%s); retrying", exc)
-            await wait_or_stop(stop, backoff.delay(attempt))
-            attempt += 1
+            log.warning("database not reachable yet (%r); retrying", exc)
+        except Exception:  # a surprise from the driver must not end the service
+            log.exception("unexpected error while connecting to the database; retrying")
+        await wait_or_stop(stop, backoff.delay(attempt))
+        attempt += 1
     return None

@@ -20,6 +20,7 @@ import aio_pika
 import pytest
 import uvloop
 
+import bulk_recorder.db as db_module
 from bulk_recorder.broker import BROKER_ERRORS
 from bulk_recorder.loadgen import Generator, LoadSpec, publish_load
 from bulk_recorder.migrate import migrate
@@ -150,3 +151,27 @@ async def test_a_failing_relay_still_stops_at_once_when_asked(make_settings, mon
         await wait_for(lambda: flaky.calls >= 3, timeout=30)
         relay.stop.set()
         await asyncio.wait_for(relay.task, 10)
+
+
+async def test_database_connect_retries_through_a_surprise(
+    database_url, monkeypatch, caplog
+) -> None:
+    calls = 0
+
+    async def flaky_migrate(dsn: str) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise LookupError("a surprise from the driver")
+        await migrate(dsn)
+
+    monkeypatch.setattr(db_module, "migrate", flaky_migrate)
+    with caplog.at_level(logging.WARNING, logger="bulk_recorder.db"):
+        pool = await db_module.open_pool_when_ready(database_url, max_size=2, stop=asyncio.Event())
+    assert pool is not None
+    try:
+        assert calls == 2
+        assert "unexpected error while connecting to the database" in caplog.text
+        assert await pool.fetchval("SELECT count(*) FROM transactions") == 0
+    finally:
+        await pool.close()

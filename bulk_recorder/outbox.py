@@ -329,7 +329,9 @@ class Relay:
                     stopped.cancel()
                     gone.cancel()
             except DB_ERRORS as exc:
-                log.warning("outbox listener connection failed (%s); polling meanwhile", exc)
+                log.warning("outbox listener connection failed (%r); polling meanwhile", exc)
+            except Exception:  # the listener is an optimisation: never let it die silently
+                log.exception("outbox listener failed unexpectedly; polling meanwhile")
             finally:
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(*DB_ERRORS):
@@ -346,7 +348,9 @@ class Relay:
                 async with self._pool.acquire(timeout=5) as conn:
                     record_stats(self.metrics, await outbox_stats(conn))
             except DB_ERRORS as exc:
-                log.debug("outbox stats failed: %s", exc)
+                log.debug("outbox stats failed: %r", exc)
+            except Exception:  # stale gauges would hide a growing backlog: log, keep going
+                log.exception("outbox stats failed unexpectedly")
             await wait_or_stop(stop, self.config.stats_interval_s)
 
     async def _lane(self, index: int, stop: asyncio.Event) -> None:

@@ -21,9 +21,11 @@ import pytest
 import uvloop
 
 import bulk_recorder.db as db_module
+import bulk_recorder.outbox as outbox_module
 from bulk_recorder.broker import BROKER_ERRORS
 from bulk_recorder.loadgen import Generator, LoadSpec, publish_load
 from bulk_recorder.migrate import migrate
+from bulk_recorder.outbox import RelayConfig
 from tests.conftest import wait_for
 from tests.faults.audit import wait_for_rows
 from tests.integration.producer_support import api_client, ndjson, running_relay
@@ -175,3 +177,23 @@ async def test_database_connect_retries_through_a_surprise(
         assert await pool.fetchval("SELECT count(*) FROM transactions") == 0
     finally:
         await pool.close()
+
+
+async def test_relay_stats_loop_survives_a_surprise(make_settings, db, monkeypatch, caplog) -> None:
+    real_stats = outbox_module.outbox_stats
+    calls = 0
+
+    async def flaky_stats(conn: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise LookupError("a surprise while reading the backlog")
+        return await real_stats(conn)
+
+    monkeypatch.setattr(outbox_module, "outbox_stats", flaky_stats)
+    config = RelayConfig(batch_size=200, poll_interval_s=0.2, stats_interval_s=0.05)
+    with caplog.at_level(logging.WARNING, logger="bulk_recorder.outbox"):
+        async with running_relay(make_settings(), config) as relay:
+            await wait_for(lambda: calls >= 3, timeout=30)
+            assert not relay.task.done()
+    assert "outbox stats failed unexpectedly" in caplog.text

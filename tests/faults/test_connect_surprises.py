@@ -77,8 +77,8 @@ async def test_a_peer_that_closes_at_once_only_raises_broker_errors() -> None:
         await peer.wait()
 
 
-class FlakyConnect:
-    """``aio_pika.connect`` that raises the given errors on its first calls, then connects."""
+class Flaky:
+    """A coroutine function that raises the given errors on its first calls, then does its job."""
 
     def __init__(self, real: Callable[..., Awaitable[Any]], errors: list[BaseException]) -> None:
         self.real = real
@@ -102,7 +102,7 @@ async def test_recorder_retries_through_surprising_connect_errors(
 ) -> None:
     settings = make_settings(bulk_recorder_size=50)
     await migrate(database_url)
-    flaky = FlakyConnect(aio_pika.connect, surprises())
+    flaky = Flaky(aio_pika.connect, surprises())
     monkeypatch.setattr(aio_pika, "connect", flaky)
     with caplog.at_level(logging.WARNING, logger="consumer.app"):
         rec = await start_recorder(settings)
@@ -130,7 +130,7 @@ async def test_relay_retries_through_surprising_connect_errors(
             headers={"content-type": "application/x-ndjson"},
         )
         assert response.status_code == 202, response.text
-    flaky = FlakyConnect(aio_pika.connect, surprises())
+    flaky = Flaky(aio_pika.connect, surprises())
     monkeypatch.setattr(aio_pika, "connect", flaky)
     with caplog.at_level(logging.WARNING, logger="bulk_recorder.outbox"):
         async with running_relay(settings) as relay:
@@ -147,7 +147,7 @@ async def test_relay_retries_through_surprising_connect_errors(
 async def test_a_failing_relay_still_stops_at_once_when_asked(make_settings, monkeypatch) -> None:
     """The catch-all must not swallow a stop: a relay asked to stop while failing ends quickly."""
     settings = make_settings()
-    flaky = FlakyConnect(aio_pika.connect, [LookupError("again")] * 1000)
+    flaky = Flaky(aio_pika.connect, [LookupError("again")] * 1000)
     monkeypatch.setattr(aio_pika, "connect", flaky)
     async with running_relay(settings) as relay:
         await wait_for(lambda: flaky.calls >= 3, timeout=30)
@@ -158,21 +158,13 @@ async def test_a_failing_relay_still_stops_at_once_when_asked(make_settings, mon
 async def test_database_connect_retries_through_a_surprise(
     database_url, monkeypatch, caplog
 ) -> None:
-    calls = 0
-
-    async def flaky_migrate(dsn: str) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise LookupError("a surprise from the driver")
-        await migrate(dsn)
-
-    monkeypatch.setattr(db_module, "migrate", flaky_migrate)
+    flaky = Flaky(migrate, [LookupError("a surprise from the driver")])
+    monkeypatch.setattr(db_module, "migrate", flaky)
     with caplog.at_level(logging.WARNING, logger="bulk_recorder.db"):
         pool = await db_module.open_pool_when_ready(database_url, max_size=2, stop=asyncio.Event())
     assert pool is not None
     try:
-        assert calls == 2
+        assert flaky.calls == 2
         assert "unexpected error while connecting to the database" in caplog.text
         assert await pool.fetchval("SELECT count(*) FROM transactions") == 0
     finally:
@@ -180,20 +172,11 @@ async def test_database_connect_retries_through_a_surprise(
 
 
 async def test_relay_stats_loop_survives_a_surprise(make_settings, db, monkeypatch, caplog) -> None:
-    real_stats = outbox_module.outbox_stats
-    calls = 0
-
-    async def flaky_stats(conn: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise LookupError("a surprise while reading the backlog")
-        return await real_stats(conn)
-
-    monkeypatch.setattr(outbox_module, "outbox_stats", flaky_stats)
+    flaky = Flaky(outbox_module.outbox_stats, [LookupError("a surprise reading the backlog")])
+    monkeypatch.setattr(outbox_module, "outbox_stats", flaky)
     config = RelayConfig(batch_size=200, poll_interval_s=0.2, stats_interval_s=0.05)
     with caplog.at_level(logging.WARNING, logger="bulk_recorder.outbox"):
         async with running_relay(make_settings(), config) as relay:
-            await wait_for(lambda: calls >= 3, timeout=30)
+            await wait_for(lambda: flaky.calls >= 3, timeout=30)
             assert not relay.task.done()
     assert "outbox stats failed unexpectedly" in caplog.text

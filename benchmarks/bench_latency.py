@@ -310,7 +310,10 @@ async def main_async(args: argparse.Namespace) -> None:
             rows,
         ),
     )
-    save_json(args.json, {"facts": facts, "config": config.label(), "results": raw})
+    save_json(
+        args.json,
+        {"facts": facts, "config": config.label(), "target_ms": target, "results": raw},
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

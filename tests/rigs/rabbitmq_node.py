@@ -1,0 +1,215 @@
+"""Throwaway RabbitMQ nodes for tests that need a broker of their own.
+
+Some faults cannot be made on the machine's shared broker without hurting every other test on
+it: a memory or disk alarm, a small ``max_message_size``, a TLS listener, a cluster whose nodes
+die. :class:`RabbitNode` starts the installed ``rabbitmq-server`` as a separate node with its own
+name, AMQP port, distribution port, data, log and config directories, all under one folder of
+the test's. It never reads or writes the machine's own node configuration
+(``/etc/rabbitmq``): ``RABBITMQ_CONF_ENV_FILE`` points to an empty file of ours.
+
+The node runs in the foreground as our child (``RUNNING_UNDER_SYSTEMD`` makes the start script
+``exec`` the Erlang VM), so :meth:`RabbitNode.kill` is a real SIGKILL of the broker process and
+:meth:`RabbitNode.stop` an orderly stop. Nodes that share a ``cookie`` can be clustered
+(:meth:`RabbitNode.join`).
+
+Ports: callers choose them; keep clear of 5790-5799 and 25790-25799, which other checks on this
+machine use. :func:`free_port` finds a free one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
+_RESERVED = set(range(5790, 5800)) | set(range(25790, 25800))
+
+
+def available() -> bool:
+    """True when the RabbitMQ server binaries are installed here."""
+    return Path(SERVER).exists() and Path(CTL).exists() and shutil.which("erl") is not None
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, outside the ranges reserved for other checks."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _RESERVED:
+            return port
+
+
+def new_cookie() -> str:
+    return secrets.token_hex(16).upper()
+
+
+@dataclass
+class RabbitNode:
+    """One RabbitMQ node under ``base_dir``; ``config`` is extra rabbitmq.conf text."""
+
+    name: str
+    base_dir: Path
+    amqp_port: int = field(default_factory=free_port)
+    dist_port: int = field(default_factory=free_port)
+    cookie: str = field(default_factory=new_cookie)
+    config: str = ""
+    listen_plain: bool = True
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def node(self) -> str:
+        return f"{self.name}@localhost"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
+
+    @property
+    def home(self) -> Path:
+        return self.base_dir / "home"
+
+    @property
+    def log_file(self) -> Path:
+        return self.base_dir / "console.log"
+
+    def _prepare(self) -> None:
+        for sub in ("home", "mnesia", "log"):
+            (self.base_dir / sub).mkdir(parents=True, exist_ok=True)
+        cookie = self.home / ".erlang.cookie"
+        if not cookie.exists():
+            cookie.write_text(self.cookie)
+            cookie.chmod(0o400)
+        (self.base_dir / "rabbitmq-env.conf").write_text("")
+        (self.base_dir / "enabled_plugins").write_text("[].\n")
+        lines = [
+            # guest may log in from loopback only, which is where the tests are
+            "loopback_users.guest = true",
+            "log.console = true",
+            "log.console.level = warning",
+            "log.file = false",
+        ]
+        if self.listen_plain:
+            lines.insert(0, f"listeners.tcp.default = 127.0.0.1:{self.amqp_port}")
+        else:
+            lines.insert(0, "listeners.tcp = none")
+        (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n" + self.config)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+        env.update(
+            HOME=str(self.home),
+            RABBITMQ_CONF_ENV_FILE=str(self.base_dir / "rabbitmq-env.conf"),
+            RABBITMQ_CONFIG_FILE=str(self.base_dir / "rabbitmq.conf"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base_dir / "enabled_plugins"),
+            RABBITMQ_MNESIA_BASE=str(self.base_dir / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
+            RABBITMQ_NODENAME=self.node,
+            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.amqp_port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RUNNING_UNDER_SYSTEMD="1",
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+        )
+        return env
+
+    def start(self, timeout: float = 90) -> RabbitNode:
+        """Start the node and wait until it accepts AMQP connections (if it listens in plain)."""
+        assert self.proc is None or self.proc.poll() is not None, "node already running"
+        self._prepare()
+        with self.log_file.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [SERVER],
+                env=self.env(),
+                cwd=self.base_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"node {self.node} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            if self.ctl("await_startup", "--timeout", "5", check=False).returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {self.node} not ready in {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def ctl(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``rabbitmqctl -n <node> ARGS`` against this node."""
+        result = subprocess.run(
+            [CTL, "-n", self.node, *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(
+                f"rabbitmqctl {' '.join(args)} on {self.node} failed: "
+                f"{result.stdout}{result.stderr}"
+            )
+        return result
+
+    def join(self, other: RabbitNode) -> None:
+        """Join ``other``'s cluster (both must share the cookie)."""
+        self.ctl("stop_app")
+        self.ctl("join_cluster", other.node)
+        self.ctl("start_app")
+        self.ctl("await_startup", "--timeout", "60")
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the broker: no goodbye to clients or to the cluster."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 60) -> None:
+        """Orderly stop; SIGKILL if it does not stop in time."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        # the Erlang VM may leave helpers (erl_child_setup, inet_gethost) in its session
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_file.exists():
+            return ""
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> RabbitNode:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

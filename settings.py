@@ -16,6 +16,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PG_MAX_PARAMETERS = 65_535
 # Hard cap on rows per INSERT statement, whatever the setting says.
 MAX_ROWS_PER_INSERT = 1_000
+# METRICS_PORT when it is not set: one port per role, so that `consume`, `relay` and `api` run
+# side by side on one host with no port settings (the API serves /metrics on API_PORT).
+DEFAULT_METRICS_PORTS = {"consume": 9464, "relay": 9465}
 
 
 class SettingsError(ValueError):
@@ -84,7 +87,16 @@ class Settings(BaseSettings):
     bulk_recorder_shutdown_timeout_s: float = Field(
         30.0, gt=0, le=600, description="Bounded wait for the final flush on SIGTERM."
     )
-    metrics_port: int = Field(9464, ge=0, le=65_535, description="/metrics port; 0 disables.")
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65_535,
+        description=(
+            "/metrics, /healthz and /readyz port; 0 disables. Unset: the role's own default "
+            "(`consume` 9464, `relay` 9465), so every process runs on one host with defaults; "
+            "the API serves /metrics on API_PORT."
+        ),
+    )
     metrics_host: str = Field(
         "127.0.0.1",
         min_length=1,
@@ -122,6 +134,12 @@ class Settings(BaseSettings):
         return value
 
     # -- derived values ----------------------------------------------------------------------
+
+    def for_role(self, role: str) -> Settings:
+        """These settings with METRICS_PORT resolved to ``role``'s default when it is unset."""
+        if self.metrics_port is not None:
+            return self
+        return self.model_copy(update={"metrics_port": DEFAULT_METRICS_PORTS.get(role, 0)})
 
     @property
     def bulk_mode_active(self) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from bulk_recorder.logs import setup_logging
+from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
 from settings import Settings, SettingsError, load_settings
 
@@ -214,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bulk-recorder: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
     setup_logging(settings.log_level, settings.log_format)
-    return COMMANDS[args.command](settings, args)
+    try:
+        return COMMANDS[args.command](settings.for_role(args.command), args)
+    except PortUnavailable as exc:
+        print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
 
 
 if __name__ == "__main__":  # pragma: no cover

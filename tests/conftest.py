@@ -300,6 +300,9 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     """Environment for a ``bulk-recorder`` subprocess running with these settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "BULK_RECORDER_"))}
     for name, value in settings.model_dump().items():
+        if value is None:  # unset: the command's own default (e.g. METRICS_PORT per role)
+            env.pop(name.upper(), None)
+            continue
         env[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     env.update(extra)
     return env

@@ -19,7 +19,6 @@ CONTRACT_DEFAULTS = {
     "BULK_RECORDER_SIZE": 0,
     "BULK_RECORDER_FLUSH_TIMEOUT_MS": 100,
     "BULK_RECORDER_MAX_ROWS_PER_INSERT": 1000,
-    "METRICS_PORT": 9464,
     "API_HOST": "127.0.0.1",
     "API_PORT": 8080,
     "LOG_LEVEL": "INFO",
@@ -29,7 +28,7 @@ CONTRACT_DEFAULTS = {
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in CONTRACT_DEFAULTS:
+    for name in (*CONTRACT_DEFAULTS, "METRICS_PORT"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -38,6 +37,16 @@ def test_contract_defaults(clean_env: pytest.MonkeyPatch) -> None:
     settings = load_settings()
     for name, value in CONTRACT_DEFAULTS.items():
         assert getattr(settings, name.lower()) == value, name
+
+
+def test_each_role_has_its_own_default_metrics_port(clean_env: pytest.MonkeyPatch) -> None:
+    s = load_settings()
+    assert s.metrics_port is None
+    assert s.for_role("consume").metrics_port == 9464  # the contract's default for the recorder
+    assert s.for_role("relay").metrics_port == 9465
+    assert s.for_role("migrate").metrics_port == 0  # one-shot commands listen on nothing
+    clean_env.setenv("METRICS_PORT", "9500")
+    assert load_settings().for_role("relay").metrics_port == 9500  # a set value wins
 
 
 def test_derived_defaults(clean_env: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,9 @@ down. A wrong value fails start-up with a :class:`SettingsError` that names the 
 
 from __future__ import annotations
 
+import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -34,7 +36,13 @@ class Settings(BaseSettings):
         "postgresql://postgres@127.0.0.1:5432/bulk_recorder",
         description="PostgreSQL DSN; `migrate` creates the database if missing.",
     )
-    rabbitmq_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="Broker URL.")
+    rabbitmq_url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description=(
+            "Broker URL, or a comma-separated list of URLs, one per cluster node: a command "
+            "connects to one (starting at a random one) and moves to the next when it is lost."
+        ),
+    )
     rabbitmq_exchange: str = Field(
         "bulk_recorder", min_length=1, max_length=200, description="Topic exchange producers use."
     )
@@ -128,10 +136,17 @@ class Settings(BaseSettings):
 
     @field_validator("rabbitmq_url")
     @classmethod
-    def _amqp_scheme(cls, value: str) -> str:
-        if not value.startswith(("amqp://", "amqps://")):
-            raise ValueError("must be an amqp:// or amqps:// URL")
-        return value
+    def _amqp_urls(cls, value: str) -> str:
+        urls = [part.strip() for part in value.split(",")]
+        for number, url in enumerate(urls, start=1):
+            where = f"entry {number} of {len(urls)}" if len(urls) > 1 else "the URL"
+            problem = _amqp_url_problem(url)
+            if problem:
+                raise ValueError(
+                    f"must be an amqp:// or amqps:// URL, or a comma-separated list of them, one "
+                    f"per cluster node; {where} {problem}"
+                )
+        return ",".join(urls)
 
     # -- derived values ----------------------------------------------------------------------
 
@@ -187,6 +202,33 @@ class Settings(BaseSettings):
         return f"{self.rabbitmq_queue}.dlq"
 
 
+def _amqp_url_problem(url: str) -> str:
+    """Why ``url`` is not a usable AMQP URL ("" when it is). Never echoes a password."""
+    if not url:
+        return "is empty"
+    if not url.startswith(("amqp://", "amqps://")):
+        return f"does not start with amqp:// or amqps:// ({url.split('://')[0][:20]!r})"
+    if url.count("://") > 1:
+        return "holds more than one URL (separate the nodes with commas)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"cannot be parsed ({exc})"
+    if not parts.hostname:
+        return "has no host"
+    if port == 0:
+        return "has port 0"
+    return ""
+
+
+def _redacted(value: object) -> object:
+    """A setting's value for an error message, with any URL password replaced by ``***``."""
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    return re.sub(r"(://[^:/@,\s]*:)[^@/\s]*@", r"\1***@", value)
+
+
 def load_settings(**overrides: object) -> Settings:
     """Build the settings from the environment (plus explicit overrides).
 
@@ -199,6 +241,6 @@ def load_settings(**overrides: object) -> Settings:
         for error in exc.errors():
             name = ".".join(str(part) for part in error["loc"]).upper() or "SETTINGS"
             value = error.get("input")
-            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            shown = "" if isinstance(value, dict) else f" (got {_redacted(value)!r})"
             problems.append(f"{name}: {error['msg']}{shown}")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None

@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 from urllib.parse import urlsplit
 
-import aio_pika
 import asyncpg
 
-from bulk_recorder.broker import BROKER_ERRORS
+from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes, split_urls
 from bulk_recorder.db import DB_ERRORS
 from bulk_recorder.migrate import maintenance_dsn
 
@@ -63,9 +62,10 @@ async def check_broker(url: str) -> None:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)  # it logs the refusal itself; our one line says it all
     try:
-        connection = await aio_pika.connect(url, timeout=CONNECT_TIMEOUT_S)
+        connection = await BrokerNodes.from_setting(url).connect(wait_s=CONNECT_TIMEOUT_S)
     except _BROKER_DOWN as exc:
-        raise Unreachable(f"cannot reach RabbitMQ at {endpoint(url)}: {_reason(exc)}") from None
+        where = ", ".join(endpoint(node) for node in split_urls(url))
+        raise Unreachable(f"cannot reach RabbitMQ at {where}: {_reason(exc)}") from None
     finally:
         quiet.setLevel(level)
     await connection.close()

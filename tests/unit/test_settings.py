@@ -119,3 +119,36 @@ def test_settings_are_immutable() -> None:
     s = Settings()
     with pytest.raises(ValueError, match="frozen"):
         s.metrics_port = 1  # type: ignore[misc]
+
+
+def test_rabbitmq_url_takes_a_list_of_nodes(clean_env: pytest.MonkeyPatch) -> None:
+    nodes = "amqp://u:p@10.0.0.1:5672/, amqp://u:p@10.0.0.2:5672/,amqps://u:p@10.0.0.3:5671/v"
+    clean_env.setenv("RABBITMQ_URL", nodes)
+    s = load_settings()
+    assert s.rabbitmq_url.split(",") == [
+        "amqp://u:p@10.0.0.1:5672/",
+        "amqp://u:p@10.0.0.2:5672/",
+        "amqps://u:p@10.0.0.3:5671/v",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("amqp://a:5672/,", "entry 2 of 2 is empty"),
+        ("amqp://a:5672/,http://b:5672/", "entry 2 of 2 does not start with amqp://"),
+        ("amqp://g:secret@a:5672/,amqp://g:secret@:5672/", "entry 2 of 2 has no host"),
+        ("amqp://g:secret@a:99999/", "the URL cannot be parsed"),
+        ("amqp://g:secret@a:5672/;amqp://b:5672/", "holds more than one URL"),
+    ],
+)
+def test_a_malformed_node_list_names_rabbitmq_url_and_hides_passwords(
+    clean_env: pytest.MonkeyPatch, value: str, expected: str
+) -> None:
+    clean_env.setenv("RABBITMQ_URL", value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith("invalid settings: RABBITMQ_URL:"), message
+    assert expected in message, message
+    assert "secret" not in message, message

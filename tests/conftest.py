@@ -11,9 +11,11 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -312,3 +314,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``bulk-recorder ARGS`` (as ``python -m consumer.cli``) in a child process, to the end."""
+    return subprocess.run(
+        [sys.executable, "-m", "consumer.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -21,11 +21,10 @@ import httpx
 import pytest
 
 from settings import Settings
-from tests.conftest import SettingsFactory, free_port, settings_env, wait_for
+from tests.conftest import REPO, SettingsFactory, free_port, run_cli, settings_env, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
-REPO = Path(__file__).resolve().parents[2]
 PORT_VARIABLES = ("METRICS_PORT", "API_PORT")
 
 
@@ -47,21 +46,6 @@ def _occupied() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
-def _run(command: str, env: dict[str, str]) -> tuple[int, str]:
-    import subprocess
-
-    done = subprocess.run(
-        [sys.executable, "-m", "consumer.cli", command],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return done.returncode, done.stdout + done.stderr
-
-
 @pytest.mark.parametrize(
     ("command", "variable"),
     [("consume", "METRICS_PORT"), ("relay", "METRICS_PORT"), ("api", "API_PORT")],
@@ -70,7 +54,8 @@ def test_a_taken_port_is_exit_2_with_one_line_naming_it(
     make_settings: SettingsFactory, command: str, variable: str
 ) -> None:
     with _occupied() as port:
-        code, output = _run(command, _env(make_settings(), **{variable: str(port)}))
+        done = run_cli([command], _env(make_settings(), **{variable: str(port)}))
+    code, output = done.returncode, done.stdout + done.stderr
     assert code == 2, output
     assert "Traceback" not in output, output
     problem = [line for line in output.splitlines() if variable in line]

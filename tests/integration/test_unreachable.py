@@ -7,29 +7,11 @@ a non-zero exit code, as for every other bad input.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import SettingsFactory, free_port, settings_env
+from tests.conftest import SettingsFactory, free_port, run_cli, settings_env
 
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "s3cret-pw"
-
-
-def _run(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "consumer.cli", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return done.returncode, done.stdout, done.stderr
 
 
 @pytest.mark.parametrize(
@@ -53,7 +35,8 @@ def test_an_unreachable_service_is_one_line_naming_it(
         env["DATABASE_URL"] = f"postgresql://postgres:{SECRET}@127.0.0.1:{closed}/bulk_recorder"
     else:
         env["RABBITMQ_URL"] = f"amqp://guest:{SECRET}@127.0.0.1:{closed}/"
-    code, out, err = _run(args, env)
+    done = run_cli(args, env)
+    code, out, err = done.returncode, done.stdout, done.stderr
     assert code != 0, out + err
     assert "Traceback" not in out + err, out + err
     assert SECRET not in out + err, out + err

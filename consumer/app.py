@@ -5,6 +5,10 @@ a consumer channel with QoS ``settings.channel_prefetch`` and a confirm channel 
 Every delivery is decoded at once: an invalid one is dead-lettered with its reason and acked; a
 valid one goes into the single shared :class:`BulkCollector`. Finished batches are written by
 ``RABBITMQ_NUMBERS_OF_WORKERS`` flush workers, each with its own database connection.
+
+Every long-lived task (the broker loop, the flush workers, the pause task) outlives any failure
+of the broker it waits on, including the ``CancelledError`` that aiormq sets on every pending
+future of a connection it gives up; only a real cancellation (shutdown) ends them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 
 import aio_pika
 import aiormq
@@ -26,7 +31,7 @@ from bulk_recorder.flusher import Backoff, Flusher, Pending
 from bulk_recorder.metrics import Metrics
 from bulk_recorder.records import RecordError, decode
 from bulk_recorder.writer import PgWriter, rows_per_insert
-from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
+from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, cancel_requested
 from consumer.health import HealthServer
 from consumer.topology import Topology, declare_topology
 from settings import Settings
@@ -192,6 +197,11 @@ class Recorder:
             except BROKER_ERRORS as exc:
                 log.warning("broker connection failed: %r", exc)
                 log.debug("broker failure", exc_info=True)
+            except asyncio.CancelledError:
+                if cancel_requested():
+                    raise
+                log.warning("broker connection given up (no frame within the heartbeat grace)")
+                log.debug("broker failure", exc_info=True)
             except Exception:  # a surprise from the client library must not end the service
                 log.exception("unexpected error on the broker connection; reconnecting")
             finally:
@@ -199,7 +209,7 @@ class Recorder:
                 if channel is not None and not stop.is_set():
                     self._drop_channel(channel)
                 if connection is not None and not stop.is_set():
-                    with contextlib.suppress(*BROKER_ERRORS):
+                    with broker_failures_suppressed():
                         await connection.close()
                 if channel is not None and not stop.is_set():
                     await _unblock_writers(channel)
@@ -253,7 +263,7 @@ class Recorder:
             channel, tag = self._channel, self._consumer_tag
             self._consumer_tag = None
             if channel is not None and tag is not None and not channel.is_closed:
-                with contextlib.suppress(*BROKER_ERRORS):
+                with broker_failures_suppressed():
                     await channel.basic_cancel(tag)
 
     def _drop_channel(self, channel: AbstractChannel) -> None:
@@ -313,6 +323,12 @@ class Recorder:
             batch, reason = await self._batches.get()
             try:
                 await self._flusher.process(batch, reason)
+            except asyncio.CancelledError:
+                if cancel_requested():
+                    raise
+                # a future of a connection aiormq gave up: the broker redelivers the batch
+                log.warning("flush ended by a lost broker connection; releasing its deliveries")
+                await asyncio.shield(self._release(batch))
             except Exception:
                 log.exception("flush failed unexpectedly; releasing its deliveries for redelivery")
                 await asyncio.shield(self._release(batch))
@@ -365,7 +381,7 @@ class Recorder:
         self._flusher.recovered()
         log.info("database is back: intake resumed")
         self._intake.set()
-        with contextlib.suppress(*BROKER_ERRORS):
+        with broker_failures_suppressed():
             await self._start_consuming()
 
     # -- shutdown -------------------------------------------------------------------------
@@ -394,7 +410,7 @@ class Recorder:
         self._collector.close()
         connection = self._connection
         if connection is not None:
-            with contextlib.suppress(*BROKER_ERRORS):
+            with broker_failures_suppressed():
                 await asyncio.wait_for(connection.close(), 10)
         if self._pool is not None:
             try:
@@ -404,6 +420,20 @@ class Recorder:
         if self.health is not None:
             await self.health.stop()
         log.info("recorder stopped in %.1f s", time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def broker_failures_suppressed() -> Iterator[None]:
+    """Suppress what a broker that is gone raises, ``CancelledError`` from aiormq included;
+    a real cancellation of the running task still propagates."""
+    try:
+        yield
+    except BROKER_ERRORS as exc:
+        log.debug("broker call failed: %r", exc)
+    except asyncio.CancelledError:
+        if cancel_requested():
+            raise
+        log.debug("broker call failed: the connection was given up")
 
 
 async def _unblock_writers(channel: AbstractChannel) -> None:

@@ -5,10 +5,16 @@ costs far more than aiormq's ``basic_ack`` (DESIGN.md section 7). The recorder k
 for connections and topology and acks through the underlying channel. A delivery remembers
 its channel: once that channel is closed its tag means nothing, so every call returns False
 and the broker redelivers the message.
+
+A connection that aiormq gives up (no frame within its heartbeat grace) fails every pending
+confirm and RPC with ``CancelledError``. That is a broker failure, not a request to stop the
+task that waited: :func:`cancel_requested` tells the two apart, and every call here turns the
+former into "not settled" (False) while a real cancellation still propagates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +32,19 @@ log = logging.getLogger(__name__)
 ERROR_HEADER = "x-bulk-recorder-error"
 
 _CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+
+
+def cancel_requested() -> bool:
+    """True when the running task was asked to stop (``Task.cancel()``: shutdown, a caller).
+
+    Only ``Task.cancel()`` counts a request in ``Task.cancelling()`` (Python 3.11). aiormq fails
+    the futures of a connection it gives up with ``CancelledError`` set as their exception (and
+    cancels its own RPC tasks, not ours), which leaves the count at 0: a CancelledError seen
+    while this is False means "the broker is gone", and the caller must handle it as a broker
+    failure instead of ending.
+    """
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 class DeadLetterer:
@@ -54,6 +73,11 @@ class DeadLetterer:
         )
         try:
             await self._exchange.publish(out, routing_key=message.routing_key or "unknown")
+        except asyncio.CancelledError:
+            if cancel_requested():
+                raise
+            log.warning("dead-letter publish failed, the connection was given up")
+            return False
         except Exception as exc:  # any failure: not dead-lettered, do not ack
             log.warning("dead-letter publish failed, the message stays queued: %s", exc)
             return False
@@ -106,6 +130,10 @@ class AmqpDelivery:
             await self._channel.basic_reject(self.tag, requeue=True)
         except _CHANNEL_GONE:
             return False
+        except asyncio.CancelledError:  # the frame's drain future of a connection given up
+            if cancel_requested():
+                raise
+            return False
         return True
 
     async def release(self) -> bool:
@@ -114,6 +142,10 @@ class AmqpDelivery:
         try:
             await self._channel.basic_nack(self.tag, requeue=True)
         except _CHANNEL_GONE:
+            return False
+        except asyncio.CancelledError:  # the frame's drain future of a connection given up
+            if cancel_requested():
+                raise
             return False
         return True
 

@@ -8,13 +8,15 @@ valid one goes into the single shared :class:`BulkCollector`. Finished batches a
 
 Every long-lived task (the broker loop, the flush workers, the pause task) outlives any failure
 of the broker it waits on, including the ``CancelledError`` that aiormq sets on every pending
-future of a connection it gives up; only a real cancellation (shutdown) ends them.
+future of a connection it gives up; only a real cancellation (shutdown) ends them. A flush
+worker that ends anyway is logged and replaced, and ``ready()`` is False while one is missing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -40,6 +42,9 @@ log = logging.getLogger(__name__)
 
 
 Batch = tuple[list[Pending], str]
+
+# A flush worker that ended is replaced after this long (no busy loop if one keeps dying).
+WORKER_RESTART_DELAY_S = 1.0
 
 
 class TopologyMismatch(Exception):
@@ -83,6 +88,8 @@ class Recorder:
         self._pause_task: asyncio.Task[None] | None = None
         self._consume_lock = asyncio.Lock()
         self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._worker_restarts = 0
         self.health: HealthServer | None = None
 
     # -- readiness ------------------------------------------------------------------------
@@ -90,7 +97,14 @@ class Recorder:
     def ready(self) -> tuple[bool, str]:
         broker = "up" if self._broker_ok else "down"
         database = "up" if self._db_ok else "down"
-        return self._broker_ok and self._db_ok, f"broker {broker}, database {database}"
+        detail = f"broker {broker}, database {database}"
+        alive = sum(not task.done() for task in self._workers)
+        workers_ok = bool(self._workers) and alive == len(self._workers)
+        if not workers_ok or self._worker_restarts:
+            detail += f", flush workers {alive}/{len(self._workers)} alive"
+            if self._worker_restarts:
+                detail += f" ({self._worker_restarts} restarted)"
+        return self._broker_ok and self._db_ok and workers_ok, detail
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -123,7 +137,6 @@ class Recorder:
                 self.metrics.registry, self.ready, s.metrics_host, s.metrics_port
             )
             await self.health.start()
-        workers: list[asyncio.Task[None]] = []
         try:
             if not await self._connect_database(stop):
                 return
@@ -138,13 +151,10 @@ class Recorder:
                 on_release=self._on_release,
                 ack_many=ack_each,
             )
-            workers = [
-                asyncio.create_task(self._flush_worker(), name=f"flush-worker-{i}")
-                for i in range(s.rabbitmq_numbers_of_workers)
-            ]
+            self._workers = [self._start_worker(i) for i in range(s.rabbitmq_numbers_of_workers)]
             await self._broker_loop(stop)
         finally:
-            await self._shutdown(workers)
+            await self._shutdown()
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         """Migrate and open the pool, retrying while the database is not there yet."""
@@ -317,6 +327,34 @@ class Recorder:
     def _enqueue(self, batch: list[Pending], reason: str) -> None:
         self._batches.put_nowait((batch, reason))
 
+    def _start_worker(self, slot: int) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._flush_worker(), name=f"flush-worker-{slot}")
+        task.add_done_callback(functools.partial(self._worker_ended, slot))
+        return task
+
+    def _worker_ended(self, slot: int, task: asyncio.Task[None]) -> None:
+        """A flush worker ended outside shutdown: log why and start another in its slot."""
+        if self._stopping:
+            return
+        cause = "cancelled" if task.cancelled() else repr(task.exception())
+        log.error(
+            "flush worker %d ended unexpectedly (%s); a new one starts in %.0f s",
+            slot,
+            cause,
+            WORKER_RESTART_DELAY_S,
+            exc_info=None if task.cancelled() else task.exception(),
+        )
+        asyncio.get_running_loop().call_later(
+            WORKER_RESTART_DELAY_S, self._restart_worker, slot, task
+        )
+
+    def _restart_worker(self, slot: int, ended: asyncio.Task[None]) -> None:
+        if self._stopping or self._workers[slot] is not ended:
+            return
+        self._workers[slot] = self._start_worker(slot)
+        self._worker_restarts += 1
+        log.warning("flush worker %d restarted", slot)
+
     async def _flush_worker(self) -> None:
         assert self._flusher is not None
         while True:
@@ -386,9 +424,10 @@ class Recorder:
 
     # -- shutdown -------------------------------------------------------------------------
 
-    async def _shutdown(self, workers: list[asyncio.Task[None]]) -> None:
+    async def _shutdown(self) -> None:
         """Stop intake, flush what is buffered (bounded), settle it, then close in order."""
         self._stopping = True
+        workers = self._workers
         started = time.monotonic()
         await self._stop_consuming()
         self._collector.flush("shutdown")

@@ -172,3 +172,31 @@ async def test_partition_while_opening_a_channel_keeps_the_recorder_running(
     mq_proxy.restore()
     await _recovers_and_records(rec, broker, conn, gen, workers=2)
     await rec.shutdown()
+
+
+async def test_a_dead_flush_worker_makes_the_recorder_unready_until_it_is_replaced(
+    make_settings: Callable[..., Settings],
+    start_recorder: Callable[[Settings], Awaitable[RunningRecorder]],
+    broker: Broker,
+    db: Callable[[], Awaitable[asyncpg.Connection]],
+) -> None:
+    """Whatever ends a flush worker (here a real ``Task.cancel()``, which must propagate),
+    readiness shows it, and a new worker takes its place."""
+    gen = Generator.create(seed=83)
+    rec = await start_recorder(make_settings(rabbitmq_numbers_of_workers=2))
+    conn = await db()
+    assert len(flush_workers()) == 2
+    victim = flush_workers()[0]
+    victim.cancel()
+    await asyncio.gather(victim, return_exceptions=True)
+    assert victim.cancelled()  # a real cancellation is not swallowed
+    ready, detail = rec.recorder.ready()
+    assert not ready, detail
+    assert "flush workers 1/2 alive" in detail
+
+    await wait_for(lambda: rec.recorder.ready()[0])
+    assert (
+        rec.recorder.ready()[1] == "broker up, database up, flush workers 2/2 alive (1 restarted)"
+    )
+    assert victim not in flush_workers()
+    await _recovers_and_records(rec, broker, conn, gen, workers=2)

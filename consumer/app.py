@@ -19,7 +19,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import aio_pika
 import aiormq
@@ -277,12 +277,19 @@ class Recorder:
                     await channel.basic_cancel(tag)
 
     def _drop_channel(self, channel: AbstractChannel) -> None:
-        """Forget buffered deliveries of a dead channel: their tags cannot be acked elsewhere."""
-        dropped = self._collector.drop(lambda p: getattr(p.delivery, "channel", None) is channel)
+        """Forget a dead channel's deliveries, buffered or in batches that wait for a worker:
+        their tags cannot be acked elsewhere, and the broker redelivers them to the next
+        channel. Left queued, each reconnect during a database outage would add a prefetch
+        window to the queue (batches a worker already holds are settled by it as dropped)."""
+
+        def dead(p: Pending) -> bool:
+            return getattr(p.delivery, "channel", None) is channel
+
+        dropped = len(self._collector.drop(dead)) + self._drop_queued(dead)
         if dropped:
-            self.metrics.messages_dropped.inc(len(dropped))
-            self.metrics.buffer_messages.dec(len(dropped))
-            log.info("dropped %d buffered deliveries of the closed channel", len(dropped))
+            self.metrics.messages_dropped.inc(dropped)
+            self.metrics.buffer_messages.dec(dropped)
+            log.info("dropped %d held deliveries of the closed channel", dropped)
         if self._channel is channel:
             self._channel = None
             self._consumer_tag = None
@@ -326,6 +333,21 @@ class Recorder:
 
     def _enqueue(self, batch: list[Pending], reason: str) -> None:
         self._batches.put_nowait((batch, reason))
+
+    def _drop_queued(self, dead: Callable[[Pending], bool]) -> int:
+        """Remove the matching deliveries from the queued batches; returns how many."""
+        queued: list[Batch] = []
+        while not self._batches.empty():
+            queued.append(self._batches.get_nowait())
+        dropped = 0
+        for batch, reason in queued:
+            live = [p for p in batch if not dead(p)]
+            dropped += len(batch) - len(live)
+            if live:
+                self._batches.put_nowait((live, reason))
+        for _ in queued:  # after the puts: join() never sees an empty queue on the way
+            self._batches.task_done()
+        return dropped
 
     def _start_worker(self, slot: int) -> asyncio.Task[None]:
         task = asyncio.create_task(self._flush_worker(), name=f"flush-worker-{slot}")

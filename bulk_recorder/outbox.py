@@ -20,6 +20,12 @@ A crash anywhere before the commit rolls back the deletes: the rows are publishe
 recorder's ``ON CONFLICT (id) DO NOTHING`` absorbs the duplicate. While the broker is down the
 rows wait. Lanes wake on ``LISTEN bulk_recorder_outbox`` and also poll every
 ``poll_interval_s`` (a missed notification or a lost listener connection only costs latency).
+
+Every long-lived task (the lanes, the broker loop, the listener and the stats loop) treats any
+failure of what it waits on as an outage, including the ``CancelledError`` that aiormq hands to
+every pending confirm when it gives up on a silent connection (a partition that outlives the
+heartbeat): only a cancellation of the task itself (a shutdown) ends it. A task that ends anyway
+(a bug) is logged, makes :meth:`Relay.ready` false and is started again after a short backoff.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import aio_pika
@@ -198,13 +205,18 @@ class Relay:
         self._db_ok = False
         self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
         self._halt = asyncio.Event()  # stops the background loops once the lanes are done
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
 
     # -- readiness --------------------------------------------------------------------------
 
     def ready(self) -> tuple[bool, str]:
         broker = "up" if self._broker_up.is_set() else "down"
         database = "up" if self._db_ok else "down"
-        return self._broker_up.is_set() and self._db_ok, f"broker {broker}, database {database}"
+        detail = f"broker {broker}, database {database}"
+        dead = [name for name, task in self._tasks.items() if task.done()]
+        if dead:
+            detail += ", " + ", ".join(f"{name} down" for name in dead)
+        return self._broker_up.is_set() and self._db_ok and not dead, detail
 
     def wake(self) -> None:
         """Make every lane look for rows now."""
@@ -223,30 +235,33 @@ class Relay:
             s.rabbitmq_exchange,
         )
         halt = self._halt
-        tasks: list[asyncio.Task[None]] = []
-        lanes: list[asyncio.Task[None]] = []
         try:
             if not await self._connect_database(stop):
                 return
-            tasks.append(asyncio.create_task(self._broker_loop(halt), name="relay-broker"))
-            tasks.append(asyncio.create_task(self._listen_loop(halt), name="relay-listen"))
-            tasks.append(asyncio.create_task(self._stats_loop(halt), name="relay-stats"))
-            lanes = [
-                asyncio.create_task(self._lane(i, stop), name=f"relay-lane-{i}")
-                for i in range(c.lanes)
-            ]
-            await stop.wait()
+            await self._supervise(
+                {
+                    "relay-broker": partial(self._broker_loop, halt),
+                    "relay-listen": partial(self._listen_loop, halt),
+                    "relay-stats": partial(self._stats_loop, halt),
+                    **{f"relay-lane-{i}": partial(self._lane, i, stop) for i in range(c.lanes)},
+                },
+                stop,
+            )
             log.info("relay stopping: finishing the batches in flight")
             # A lane finishes its batch (confirmed and deleted, or rolled back); bounded.
-            _, pending = await asyncio.wait(lanes, timeout=c.publish_timeout_s + 5)
-            for task in pending:
-                task.cancel()
+            lanes = self._lane_tasks()
+            if lanes:
+                _, pending = await asyncio.wait(lanes, timeout=c.publish_timeout_s + 5)
+                for task in pending:
+                    task.cancel()
         finally:
             halt.set()
+            lanes = self._lane_tasks()
             for task in lanes:
                 task.cancel()
             await asyncio.gather(*lanes, return_exceptions=True)
             # The broker loop closes its connection on halt; give it a moment, then cancel.
+            tasks = [t for name, t in self._tasks.items() if not name.startswith("relay-lane-")]
             _, pending = await asyncio.wait(tasks, timeout=15) if tasks else (set(), set())
             for task in pending:
                 task.cancel()
@@ -257,6 +272,47 @@ class Relay:
                 except TimeoutError:
                     self._pool.terminate()
             log.info("relay stopped")
+
+    def _lane_tasks(self) -> list[asyncio.Task[None]]:
+        return [t for name, t in self._tasks.items() if name.startswith("relay-lane-")]
+
+    async def _supervise(self, starters: dict[str, _Starter], stop: asyncio.Event) -> None:
+        """Run every task until ``stop``; one that ends before is logged and started again.
+
+        None of them should ever end on its own: each handles the failures of what it waits on.
+        So an end here is a bug (or an exception nobody foresaw). It is logged with its cause,
+        the task counts as down in :meth:`ready` meanwhile, and it is restarted after a backoff
+        that doubles with each death of the same task (0.5 s up to 30 s), so that a task which
+        dies at once every time cannot spin.
+        """
+        loop = asyncio.get_running_loop()
+        deaths: Counter[str] = Counter()
+        due: dict[str, float] = {}  # dead task -> when it starts again
+        for name, start in starters.items():
+            self._tasks[name] = asyncio.create_task(start(), name=name)
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                timeout = max(0.0, min(due.values()) - loop.time()) if due else None
+                live = {t for name, t in self._tasks.items() if name not in due}
+                await asyncio.wait(
+                    {stopped, *live}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop.is_set():
+                    break
+                for name, task in self._tasks.items():
+                    if task.done() and name not in due:
+                        delay = min(_RESTART_CAP_S, _RESTART_BASE_S * 2 ** min(deaths[name], 10))
+                        deaths[name] += 1
+                        due[name] = loop.time() + delay
+                        _log_death(task, delay)
+                for name, when in list(due.items()):
+                    if when <= loop.time():
+                        del due[name]
+                        log.warning("restarting %s", name)
+                        self._tasks[name] = asyncio.create_task(starters[name](), name=name)
+        finally:
+            stopped.cancel()
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         self._pool = await open_pool_when_ready(
@@ -295,14 +351,19 @@ class Relay:
             except BROKER_ERRORS as exc:
                 log.warning("broker not reachable (%r); rows wait in the outbox", exc)
                 log.debug("broker failure", exc_info=True)
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                # aiormq fails what waits on a connection it gave up on (heartbeat) this way
+                log.warning("broker connection cancelled under us; rows wait in the outbox")
+                log.debug("broker failure", exc_info=True)
             except Exception:  # a surprise from the client library must not end the relay
                 log.exception("unexpected error on the broker connection; rows wait in the outbox")
             finally:
                 self._broker_up.clear()
                 self._channel = None
                 if connection is not None:
-                    with contextlib.suppress(*BROKER_ERRORS):
-                        await asyncio.wait_for(connection.close(), 10)
+                    await _close_quietly(connection)
             if stop.is_set():
                 break
             await wait_or_stop(stop, backoff.delay(attempt))
@@ -330,12 +391,18 @@ class Relay:
                     gone.cancel()
             except DB_ERRORS as exc:
                 log.warning("outbox listener connection failed (%r); polling meanwhile", exc)
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                log.warning("outbox listener cancelled under us; polling meanwhile")
             except Exception:  # the listener is an optimisation: never let it die silently
                 log.exception("outbox listener failed unexpectedly; polling meanwhile")
             finally:
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(*DB_ERRORS):
                         await asyncio.wait_for(conn.close(), 5)
+                    if not conn.is_closed():
+                        conn.terminate()
             if stop.is_set():
                 break
             await wait_or_stop(stop, backoff.delay(attempt))
@@ -349,6 +416,10 @@ class Relay:
                     record_stats(self.metrics, await outbox_stats(conn))
             except DB_ERRORS as exc:
                 log.debug("outbox stats failed: %r", exc)
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                log.warning("outbox stats cancelled under us; retrying")
             except Exception:  # stale gauges would hide a growing backlog: log, keep going
                 log.exception("outbox stats failed unexpectedly")
             await wait_or_stop(stop, self.config.stats_interval_s)
@@ -367,6 +438,14 @@ class Relay:
             except DB_ERRORS as exc:
                 self._db_ok = False
                 log.warning("outbox batch failed on the database (%s); retrying", exc)
+                await wait_or_stop(stop, backoff.delay(db_failures))
+                db_failures += 1
+                continue
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise  # a shutdown: the batch rolled back
+                # Not ours: a broker connection aiormq gave up on. The batch rolled back.
+                log.warning("outbox batch cancelled under us (broker lost); its rows stay")
                 await wait_or_stop(stop, backoff.delay(db_failures))
                 db_failures += 1
                 continue
@@ -442,9 +521,12 @@ class Relay:
             elif isinstance(outcome, aiormq.exceptions.DeliveryError):
                 refused.append(row["id"])
                 first_error = first_error or _refusal_reason(outcome)
-            elif isinstance(outcome, asyncio.CancelledError):
-                raise outcome
+            elif isinstance(outcome, asyncio.CancelledError) and _cancelling():
+                raise outcome  # a shutdown while we settle
             else:
+                # No confirm: the channel or connection went away. aiormq fails a pending
+                # confirm with CancelledError when it gives up on a silent connection (the
+                # gather above would have raised if this lane itself had been cancelled).
                 lost += 1
                 first_error = first_error or f"{type(outcome).__name__}: {outcome}"
         if sent:
@@ -477,6 +559,44 @@ class Relay:
             self.metrics.outbox_publish_failures.labels(reason="lost").inc(lost)
             log.warning("%d publishes lost their confirm (%s); rows stay", lost, first_error)
         return BatchResult(len(rows), len(sent), len(refused), lost)
+
+
+_Starter = Callable[[], Coroutine[Any, Any, None]]
+
+_RESTART_BASE_S = 0.5
+_RESTART_CAP_S = 30.0
+
+
+def _log_death(task: asyncio.Task[None], delay: float) -> None:
+    name = task.get_name()
+    if task.cancelled():
+        log.error("%s was cancelled; restarting it in %.1f s", name, delay)
+    elif (exc := task.exception()) is not None:
+        log.error("%s died (%r); restarting it in %.1f s", name, exc, delay, exc_info=exc)
+    else:
+        log.error("%s ended on its own; restarting it in %.1f s", name, delay)
+
+
+def _cancelling() -> bool:
+    """True when the current task itself is being cancelled (a shutdown).
+
+    aiormq fails every future that waits on a connection it closed (for a missed heartbeat, a
+    partition) with ``CancelledError``, in tasks nobody cancelled: that is a broker failure, to
+    be handled like any other, while a real cancellation must go through.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _close_quietly(connection: aio_pika.abc.AbstractConnection) -> None:
+    try:
+        await asyncio.wait_for(connection.close(), 10)
+    except BROKER_ERRORS as exc:
+        log.debug("closing the broker connection failed: %r", exc)
+    except asyncio.CancelledError:
+        if _cancelling():
+            raise
+        log.debug("closing the broker connection was cancelled under us")
 
 
 def _refusal_reason(exc: aiormq.exceptions.DeliveryError) -> str:

@@ -16,6 +16,13 @@ The relay, in each of its lanes, repeats one database transaction:
    row that was in flight when the connection died is left untouched (an outage is not bad data),
 4. commit.
 
+A row can also make the broker close the channel (``406 PRECONDITION_FAILED``, e.g. a body over
+its ``max_message_size``): that fails every publish in flight on the channel, so the culprit is
+unknown. Every row of such a batch becomes a suspect, and suspects (with every row refused
+before) are published alone, each on a channel of its own and awaiting its confirm: the row the
+broker closes that channel for is refused (and parked in the end) like a returned one, and the
+others go through.
+
 A crash anywhere before the commit rolls back the deletes: the rows are published again and the
 recorder's ``ON CONFLICT (id) DO NOTHING`` absorbs the duplicate. While the broker is down the
 rows wait. Lanes wake on ``LISTEN bulk_recorder_outbox`` and also poll every
@@ -60,7 +67,7 @@ OUTBOX_COLUMNS = ("record_type", "record_id", "job_id", "body")
 APP_ID = "bulk-recorder-relay"
 
 _CLAIM = """
-SELECT id, record_type, job_id, body
+SELECT id, record_type, job_id, body, attempts
 FROM outbox
 WHERE parked_at IS NULL AND available_at <= now()
 ORDER BY id
@@ -74,13 +81,14 @@ FROM unnest($1::uuid[], $2::int[]) AS u(id, n)
 WHERE j.id = u.id
 """
 _REFUSED = """
-UPDATE outbox
-SET attempts = attempts + 1,
-    last_error = $2,
-    available_at = now() + make_interval(secs => least(300, 2 ^ least(attempts, 16))),
-    parked_at = CASE WHEN attempts + 1 >= $3 THEN now() END
-WHERE id = ANY($1::bigint[])
-RETURNING job_id, parked_at IS NOT NULL AS parked
+UPDATE outbox AS o
+SET attempts = o.attempts + 1,
+    last_error = u.error,
+    available_at = now() + make_interval(secs => least(300, 2 ^ least(o.attempts, 16))),
+    parked_at = CASE WHEN o.attempts + 1 >= $3 THEN now() END
+FROM unnest($1::bigint[], $2::text[]) AS u(id, error)
+WHERE o.id = u.id
+RETURNING o.job_id, o.parked_at IS NOT NULL AS parked
 """
 _COUNT_PARKED = """
 UPDATE credit_annotation_jobs AS j SET dead_lettered = j.dead_lettered + u.n
@@ -170,7 +178,7 @@ class RelayConfig:
 class BatchResult:
     claimed: int
     published: int
-    refused: int  # nacked or returned by the broker
+    refused: int  # nacked, returned, or its lone publish made the broker close the channel
     lost: int  # no confirm: the connection or channel went away
 
 
@@ -206,6 +214,8 @@ class Relay:
         self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
         self._halt = asyncio.Event()  # stops the background loops once the lanes are done
         self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
+        # Rows in flight on a channel the broker closed: published alone until settled.
+        self._suspects: set[int] = set()
 
     # -- readiness --------------------------------------------------------------------------
 
@@ -476,11 +486,76 @@ class Relay:
             rows = await conn.fetch(_CLAIM, self.config.batch_size)
             if not rows:
                 return BatchResult(0, 0, 0, 0)
-            outcomes = await asyncio.gather(
-                *(self._publish(channel, row["record_type"], row["body"]) for row in rows),
+            # Rows refused before, or in flight when the broker closed a channel: one by one.
+            alone = [r for r in rows if r["attempts"] > 0 or r["id"] in self._suspects]
+            alone_ids = {r["id"] for r in alone}
+            together = [r for r in rows if r["id"] not in alone_ids]
+            outcomes: dict[int, BaseException | None] = {}
+            if alone:
+                outcomes.update(await self._publish_alone(channel.connection, alone))
+            results = await asyncio.gather(
+                *(self._publish(channel, row["record_type"], row["body"]) for row in together),
                 return_exceptions=True,
             )
-            return await self._settle(conn, rows, outcomes)
+            for row, outcome in zip(together, results, strict=True):
+                outcomes[row["id"]] = outcome
+            self._suspect([r["id"] for r in together if _closed_by_broker(outcomes[r["id"]])])
+            result = await self._settle(conn, rows, [outcomes[r["id"]] for r in rows])
+            self._suspects.difference_update(r["id"] for r in rows if _settled(outcomes[r["id"]]))
+            return result
+
+    async def _publish_alone(
+        self, connection: aiormq.abc.AbstractConnection, rows: Sequence[asyncpg.Record]
+    ) -> dict[int, BaseException | None]:
+        """Publish each row on its own, awaiting its confirm, on a channel of its own.
+
+        So a row that makes the broker close the channel is known: it is refused, a new channel
+        is opened, and the next row goes on. When the connection fails (or anything else), the
+        rows not yet settled are lost, as in a batch.
+        """
+        outcomes: dict[int, BaseException | None] = {}
+        failure: BaseException | None = None  # what stopped the run: the rest are lost by it
+        channel: AbstractChannel | None = None
+        try:
+            for row in rows:
+                try:
+                    if channel is None or channel.is_closed:
+                        channel = await _open_channel(connection)
+                    await self._publish(channel, row["record_type"], row["body"])
+                except aiormq.exceptions.DeliveryError as exc:
+                    outcomes[row["id"]] = exc
+                except aiormq.exceptions.ChannelPreconditionFailed as exc:
+                    # The broker closed the channel for this message alone.
+                    outcomes[row["id"]] = ChannelRefusal(exc)
+                except asyncio.CancelledError as exc:
+                    if _cancelling():
+                        raise
+                    failure = exc  # aiormq gave up on the connection
+                    break
+                except Exception as exc:
+                    failure = exc
+                    break
+                else:
+                    outcomes[row["id"]] = None
+        finally:
+            if channel is not None and not channel.is_closed:
+                await _close_quietly(channel)
+        for row in rows:
+            outcomes.setdefault(row["id"], failure)
+        return outcomes
+
+    def _suspect(self, ids: Sequence[int]) -> None:
+        if not ids:
+            return
+        limit = 16 * self.config.batch_size * self.config.lanes
+        if len(self._suspects) + len(ids) > limit:
+            # Rows another relay published stay here; forgetting costs one more channel close.
+            self._suspects.clear()
+        self._suspects.update(ids)
+        log.warning(
+            "the broker closed the channel with %d publishes in flight; they go one by one",
+            len(ids),
+        )
 
     async def _publish(self, channel: AbstractChannel, record_type: str, body: bytes) -> None:
         # A new Properties object each time: aiormq writes a random message_id into it, which
@@ -510,17 +585,18 @@ class Relay:
     ) -> BatchResult:
         sent: list[int] = []
         refused: list[int] = []
+        reasons: list[str] = []  # each refused row's own reason, kept in its last_error
         lost = 0
         published_per_job: Counter[str] = Counter()
-        first_error = ""
+        lost_error = ""
         for row, outcome in zip(rows, outcomes, strict=True):
             if outcome is None:
                 sent.append(row["id"])
                 if row["job_id"] is not None:
                     published_per_job[str(row["job_id"])] += 1
-            elif isinstance(outcome, aiormq.exceptions.DeliveryError):
+            elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):
                 refused.append(row["id"])
-                first_error = first_error or _refusal_reason(outcome)
+                reasons.append(_refusal_reason(outcome)[:500])
             elif isinstance(outcome, asyncio.CancelledError) and _cancelling():
                 raise outcome  # a shutdown while we settle
             else:
@@ -528,7 +604,7 @@ class Relay:
                 # confirm with CancelledError when it gives up on a silent connection (the
                 # gather above would have raised if this lane itself had been cancelled).
                 lost += 1
-                first_error = first_error or f"{type(outcome).__name__}: {outcome}"
+                lost_error = lost_error or f"{type(outcome).__name__}: {outcome}"
         if sent:
             await conn.execute(_DELETE_SENT, sent)
             if published_per_job:
@@ -536,9 +612,7 @@ class Relay:
                 await conn.execute(_COUNT_PUBLISHED, jobs, [published_per_job[j] for j in jobs])
         parked = 0
         if refused:
-            updated = await conn.fetch(
-                _REFUSED, refused, first_error[:500], self.config.max_attempts
-            )
+            updated = await conn.fetch(_REFUSED, refused, reasons, self.config.max_attempts)
             parked_per_job: Counter[str] = Counter(
                 str(r["job_id"]) for r in updated if r["parked"] and r["job_id"] is not None
             )
@@ -551,13 +625,13 @@ class Relay:
         self.metrics.outbox_published.inc(len(sent))
         if refused:
             self.metrics.outbox_publish_failures.labels(reason="refused").inc(len(refused))
-            log.warning("broker refused %d outbox rows: %s", len(refused), first_error)
+            log.warning("broker refused %d outbox rows: %s", len(refused), reasons[0])
         if parked:
             self.metrics.outbox_parked.inc(parked)
             log.error("parked %d outbox rows after %d refusals", parked, self.config.max_attempts)
         if lost:
             self.metrics.outbox_publish_failures.labels(reason="lost").inc(lost)
-            log.warning("%d publishes lost their confirm (%s); rows stay", lost, first_error)
+            log.warning("%d publishes lost their confirm (%s); rows stay", lost, lost_error)
         return BatchResult(len(rows), len(sent), len(refused), lost)
 
 
@@ -588,18 +662,54 @@ def _cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-async def _close_quietly(connection: aio_pika.abc.AbstractConnection) -> None:
+async def _close_quietly(closable: aio_pika.abc.AbstractConnection | AbstractChannel) -> None:
+    """Close a connection or channel; a broker that is away cannot make that fail."""
     try:
-        await asyncio.wait_for(connection.close(), 10)
+        await asyncio.wait_for(closable.close(), 10)
     except BROKER_ERRORS as exc:
-        log.debug("closing the broker connection failed: %r", exc)
+        log.debug("closing %r failed: %r", closable, exc)
     except asyncio.CancelledError:
         if _cancelling():
             raise
-        log.debug("closing the broker connection was cancelled under us")
+        log.debug("closing %r was cancelled under us", closable)
 
 
-def _refusal_reason(exc: aiormq.exceptions.DeliveryError) -> str:
+class ChannelRefusal(Exception):
+    """The broker closed a channel for a message published alone on it: the message's fault."""
+
+    def __init__(self, cause: aiormq.exceptions.ChannelClosed) -> None:
+        super().__init__(_close_text(cause))
+
+
+def _close_text(exc: aiormq.exceptions.ChannelClosed) -> str:
+    # aiormq's channel errors carry the broker's reply text, e.g. 'PRECONDITION_FAILED - message
+    # size 1232 is larger than configured max size 1024'
+    return " ".join(str(a) for a in exc.args if a is not None) or type(exc).__name__
+
+
+class _ChannelOpenFailed(Exception):
+    """Opening a channel failed: not the fault of the row about to be published on it."""
+
+
+async def _open_channel(connection: aiormq.abc.AbstractConnection) -> AbstractChannel:
+    try:
+        return await connection.channel(publisher_confirms=True)
+    except Exception as exc:
+        raise _ChannelOpenFailed(repr(exc)) from exc
+
+
+def _closed_by_broker(outcome: BaseException | None) -> bool:
+    """The broker closed the channel (a Channel.Close with a reply code), not the connection."""
+    return isinstance(outcome, aiormq.exceptions.ChannelClosed) and outcome.args[:1] != (None,)
+
+
+def _settled(outcome: BaseException | None) -> bool:
+    return outcome is None or isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal)
+
+
+def _refusal_reason(exc: aiormq.exceptions.DeliveryError | ChannelRefusal) -> str:
+    if isinstance(exc, ChannelRefusal):
+        return f"closed the channel: {exc}"
     if isinstance(exc, aiormq.exceptions.PublishError):
         frame: Any = exc.frame
         return f"returned: {getattr(frame, 'reply_code', '?')} {getattr(frame, 'reply_text', '')}"

@@ -4,7 +4,9 @@ With ``?heartbeat=1`` on the broker URL and the broker connection blackholed for
 aiormq's heartbeat grace while a batch waits for its confirms, aiormq closes the connection and
 fails every pending confirm with ``CancelledError``. That is a broker failure like any other:
 the batch rolls back, its rows stay in the outbox, and once the network heals the relay
-publishes them. A lane that ends anyway (a bug) makes the relay unready until it is restarted.
+publishes them. The same error met while the relay opens its channel and declares the topology
+must not end the broker loop. A lane that ends anyway (a bug) makes the relay unready until it
+is restarted.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from bulk_recorder.migrate import migrate
 from bulk_recorder.outbox import Relay, RelayConfig, enqueue, notify
 from tests.conftest import Broker, wait_for
 from tests.faults.conftest import via_proxy
-from tests.integration.producer_support import running_relay
+from tests.integration.producer_support import declare_for, running_relay
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -141,3 +143,43 @@ async def _outbox_empty(conn) -> bool:
 
 async def _claims(conn, n: int) -> bool:
     return await _claims_open(conn) == n
+
+
+async def test_relay_reconnects_after_a_partition_while_it_declares_its_topology(
+    make_settings, database_url, db, broker, services, mq_proxy, caplog
+) -> None:
+    """The partition starts right after the connection opened, while the relay declares the
+    topology: what aiormq raises then must not end the broker loop."""
+    settings = make_settings(
+        rabbitmq_url=via_proxy(services.rabbitmq_url + "?heartbeat=1", mq_proxy)
+    )
+    await migrate(database_url)
+    conn = await db()
+    declare = declare_for(settings)
+    failures: list[BaseException] = []
+
+    async def partitioned_declare(channel) -> None:
+        if not failures:
+            mq_proxy.blackhole()
+        try:
+            await declare(channel)
+        except BaseException as exc:
+            failures.append(exc)
+            raise
+
+    caplog.set_level(logging.WARNING, logger="bulk_recorder.outbox")
+    config = RelayConfig(batch_size=ROWS, lanes=1, poll_interval_s=0.2)
+    async with running_relay(settings, config, declare=partitioned_declare) as relay:
+        await wait_for(lambda: bool(failures), timeout=30)
+        mq_proxy.restore()
+        ids = await _fill_outbox(conn, seed=84)
+        await wait_for(lambda: _outbox_empty(conn), timeout=60)
+        assert relay.relay.ready() == (True, "broker up, database up")
+    assert isinstance(failures[0], asyncio.CancelledError)  # what aiormq 7.2 raises there
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "bulk_recorder.outbox" and r.levelno >= logging.ERROR
+    ]
+    assert errors == []
+    assert await _queued_ids(broker) == ids

@@ -16,10 +16,23 @@ The relay, in each of its lanes, repeats one database transaction:
    row that was in flight when the connection died is left untouched (an outage is not bad data),
 4. commit.
 
+A row can also make the broker close the channel (``406 PRECONDITION_FAILED``, e.g. a body over
+its ``max_message_size``): that fails every publish in flight on the channel, so the culprit is
+unknown. Every row of such a batch becomes a suspect, and suspects (with every row refused
+before) are published alone, each on a channel of its own and awaiting its confirm: the row the
+broker closes that channel for is refused (and parked in the end) like a returned one, and the
+others go through.
+
 A crash anywhere before the commit rolls back the deletes: the rows are published again and the
 recorder's ``ON CONFLICT (id) DO NOTHING`` absorbs the duplicate. While the broker is down the
 rows wait. Lanes wake on ``LISTEN bulk_recorder_outbox`` and also poll every
 ``poll_interval_s`` (a missed notification or a lost listener connection only costs latency).
+
+Every long-lived task (the lanes, the broker loop, the listener and the stats loop) treats any
+failure of what it waits on as an outage, including the ``CancelledError`` that aiormq hands to
+every pending confirm when it gives up on a silent connection (a partition that outlives the
+heartbeat): only a cancellation of the task itself (a shutdown) ends it. A task that ends anyway
+(a bug) is logged, makes :meth:`Relay.ready` false and is started again after a short backoff.
 """
 
 from __future__ import annotations
@@ -28,8 +41,9 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import aio_pika
@@ -53,7 +67,7 @@ OUTBOX_COLUMNS = ("record_type", "record_id", "job_id", "body")
 APP_ID = "bulk-recorder-relay"
 
 _CLAIM = """
-SELECT id, record_type, job_id, body
+SELECT id, record_type, job_id, body, attempts
 FROM outbox
 WHERE parked_at IS NULL AND available_at <= now()
 ORDER BY id
@@ -67,13 +81,14 @@ FROM unnest($1::uuid[], $2::int[]) AS u(id, n)
 WHERE j.id = u.id
 """
 _REFUSED = """
-UPDATE outbox
-SET attempts = attempts + 1,
-    last_error = $2,
-    available_at = now() + make_interval(secs => least(300, 2 ^ least(attempts, 16))),
-    parked_at = CASE WHEN attempts + 1 >= $3 THEN now() END
-WHERE id = ANY($1::bigint[])
-RETURNING job_id, parked_at IS NOT NULL AS parked
+UPDATE outbox AS o
+SET attempts = o.attempts + 1,
+    last_error = u.error,
+    available_at = now() + make_interval(secs => least(300, 2 ^ least(o.attempts, 16))),
+    parked_at = CASE WHEN o.attempts + 1 >= $3 THEN now() END
+FROM unnest($1::bigint[], $2::text[]) AS u(id, error)
+WHERE o.id = u.id
+RETURNING o.job_id, o.parked_at IS NOT NULL AS parked
 """
 _COUNT_PARKED = """
 UPDATE credit_annotation_jobs AS j SET dead_lettered = j.dead_lettered + u.n
@@ -163,7 +178,7 @@ class RelayConfig:
 class BatchResult:
     claimed: int
     published: int
-    refused: int  # nacked or returned by the broker
+    refused: int  # nacked, returned, or its lone publish made the broker close the channel
     lost: int  # no confirm: the connection or channel went away
 
 
@@ -198,13 +213,20 @@ class Relay:
         self._db_ok = False
         self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
         self._halt = asyncio.Event()  # stops the background loops once the lanes are done
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
+        # Rows in flight on a channel the broker closed: published alone until settled.
+        self._suspects: set[int] = set()
 
     # -- readiness --------------------------------------------------------------------------
 
     def ready(self) -> tuple[bool, str]:
         broker = "up" if self._broker_up.is_set() else "down"
         database = "up" if self._db_ok else "down"
-        return self._broker_up.is_set() and self._db_ok, f"broker {broker}, database {database}"
+        detail = f"broker {broker}, database {database}"
+        dead = [name for name, task in self._tasks.items() if task.done()]
+        if dead:
+            detail += ", " + ", ".join(f"{name} down" for name in dead)
+        return self._broker_up.is_set() and self._db_ok and not dead, detail
 
     def wake(self) -> None:
         """Make every lane look for rows now."""
@@ -223,30 +245,33 @@ class Relay:
             s.rabbitmq_exchange,
         )
         halt = self._halt
-        tasks: list[asyncio.Task[None]] = []
-        lanes: list[asyncio.Task[None]] = []
         try:
             if not await self._connect_database(stop):
                 return
-            tasks.append(asyncio.create_task(self._broker_loop(halt), name="relay-broker"))
-            tasks.append(asyncio.create_task(self._listen_loop(halt), name="relay-listen"))
-            tasks.append(asyncio.create_task(self._stats_loop(halt), name="relay-stats"))
-            lanes = [
-                asyncio.create_task(self._lane(i, stop), name=f"relay-lane-{i}")
-                for i in range(c.lanes)
-            ]
-            await stop.wait()
+            await self._supervise(
+                {
+                    "relay-broker": partial(self._broker_loop, halt),
+                    "relay-listen": partial(self._listen_loop, halt),
+                    "relay-stats": partial(self._stats_loop, halt),
+                    **{f"relay-lane-{i}": partial(self._lane, i, stop) for i in range(c.lanes)},
+                },
+                stop,
+            )
             log.info("relay stopping: finishing the batches in flight")
             # A lane finishes its batch (confirmed and deleted, or rolled back); bounded.
-            _, pending = await asyncio.wait(lanes, timeout=c.publish_timeout_s + 5)
-            for task in pending:
-                task.cancel()
+            lanes = self._lane_tasks()
+            if lanes:
+                _, pending = await asyncio.wait(lanes, timeout=c.publish_timeout_s + 5)
+                for task in pending:
+                    task.cancel()
         finally:
             halt.set()
+            lanes = self._lane_tasks()
             for task in lanes:
                 task.cancel()
             await asyncio.gather(*lanes, return_exceptions=True)
             # The broker loop closes its connection on halt; give it a moment, then cancel.
+            tasks = [t for name, t in self._tasks.items() if not name.startswith("relay-lane-")]
             _, pending = await asyncio.wait(tasks, timeout=15) if tasks else (set(), set())
             for task in pending:
                 task.cancel()
@@ -257,6 +282,47 @@ class Relay:
                 except TimeoutError:
                     self._pool.terminate()
             log.info("relay stopped")
+
+    def _lane_tasks(self) -> list[asyncio.Task[None]]:
+        return [t for name, t in self._tasks.items() if name.startswith("relay-lane-")]
+
+    async def _supervise(self, starters: dict[str, _Starter], stop: asyncio.Event) -> None:
+        """Run every task until ``stop``; one that ends before is logged and started again.
+
+        None of them should ever end on its own: each handles the failures of what it waits on.
+        So an end here is a bug (or an exception nobody foresaw). It is logged with its cause,
+        the task counts as down in :meth:`ready` meanwhile, and it is restarted after a backoff
+        that doubles with each death of the same task (0.5 s up to 30 s), so that a task which
+        dies at once every time cannot spin.
+        """
+        loop = asyncio.get_running_loop()
+        deaths: Counter[str] = Counter()
+        due: dict[str, float] = {}  # dead task -> when it starts again
+        for name, start in starters.items():
+            self._tasks[name] = asyncio.create_task(start(), name=name)
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                timeout = max(0.0, min(due.values()) - loop.time()) if due else None
+                live = {t for name, t in self._tasks.items() if name not in due}
+                await asyncio.wait(
+                    {stopped, *live}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stop.is_set():
+                    break
+                for name, task in self._tasks.items():
+                    if task.done() and name not in due:
+                        delay = min(_RESTART_CAP_S, _RESTART_BASE_S * 2 ** min(deaths[name], 10))
+                        deaths[name] += 1
+                        due[name] = loop.time() + delay
+                        _log_death(task, delay)
+                for name, when in list(due.items()):
+                    if when <= loop.time():
+                        del due[name]
+                        log.warning("restarting %s", name)
+                        self._tasks[name] = asyncio.create_task(starters[name](), name=name)
+        finally:
+            stopped.cancel()
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         self._pool = await open_pool_when_ready(
@@ -295,14 +361,19 @@ class Relay:
             except BROKER_ERRORS as exc:
                 log.warning("broker not reachable (%r); rows wait in the outbox", exc)
                 log.debug("broker failure", exc_info=True)
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                # aiormq fails what waits on a connection it gave up on (heartbeat) this way
+                log.warning("broker connection cancelled under us; rows wait in the outbox")
+                log.debug("broker failure", exc_info=True)
             except Exception:  # a surprise from the client library must not end the relay
                 log.exception("unexpected error on the broker connection; rows wait in the outbox")
             finally:
                 self._broker_up.clear()
                 self._channel = None
                 if connection is not None:
-                    with contextlib.suppress(*BROKER_ERRORS):
-                        await asyncio.wait_for(connection.close(), 10)
+                    await _close_quietly(connection)
             if stop.is_set():
                 break
             await wait_or_stop(stop, backoff.delay(attempt))
@@ -330,12 +401,18 @@ class Relay:
                     gone.cancel()
             except DB_ERRORS as exc:
                 log.warning("outbox listener connection failed (%r); polling meanwhile", exc)
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                log.warning("outbox listener cancelled under us; polling meanwhile")
             except Exception:  # the listener is an optimisation: never let it die silently
                 log.exception("outbox listener failed unexpectedly; polling meanwhile")
             finally:
                 if conn is not None and not conn.is_closed():
                     with contextlib.suppress(*DB_ERRORS):
                         await asyncio.wait_for(conn.close(), 5)
+                    if not conn.is_closed():
+                        conn.terminate()
             if stop.is_set():
                 break
             await wait_or_stop(stop, backoff.delay(attempt))
@@ -349,6 +426,10 @@ class Relay:
                     record_stats(self.metrics, await outbox_stats(conn))
             except DB_ERRORS as exc:
                 log.debug("outbox stats failed: %r", exc)
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+                log.warning("outbox stats cancelled under us; retrying")
             except Exception:  # stale gauges would hide a growing backlog: log, keep going
                 log.exception("outbox stats failed unexpectedly")
             await wait_or_stop(stop, self.config.stats_interval_s)
@@ -367,6 +448,14 @@ class Relay:
             except DB_ERRORS as exc:
                 self._db_ok = False
                 log.warning("outbox batch failed on the database (%s); retrying", exc)
+                await wait_or_stop(stop, backoff.delay(db_failures))
+                db_failures += 1
+                continue
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise  # a shutdown: the batch rolled back
+                # Not ours: a broker connection aiormq gave up on. The batch rolled back.
+                log.warning("outbox batch cancelled under us (broker lost); its rows stay")
                 await wait_or_stop(stop, backoff.delay(db_failures))
                 db_failures += 1
                 continue
@@ -397,11 +486,76 @@ class Relay:
             rows = await conn.fetch(_CLAIM, self.config.batch_size)
             if not rows:
                 return BatchResult(0, 0, 0, 0)
-            outcomes = await asyncio.gather(
-                *(self._publish(channel, row["record_type"], row["body"]) for row in rows),
+            # Rows refused before, or in flight when the broker closed a channel: one by one.
+            alone = [r for r in rows if r["attempts"] > 0 or r["id"] in self._suspects]
+            alone_ids = {r["id"] for r in alone}
+            together = [r for r in rows if r["id"] not in alone_ids]
+            outcomes: dict[int, BaseException | None] = {}
+            if alone:
+                outcomes.update(await self._publish_alone(channel.connection, alone))
+            results = await asyncio.gather(
+                *(self._publish(channel, row["record_type"], row["body"]) for row in together),
                 return_exceptions=True,
             )
-            return await self._settle(conn, rows, outcomes)
+            for row, outcome in zip(together, results, strict=True):
+                outcomes[row["id"]] = outcome
+            self._suspect([r["id"] for r in together if _closed_by_broker(outcomes[r["id"]])])
+            result = await self._settle(conn, rows, [outcomes[r["id"]] for r in rows])
+            self._suspects.difference_update(r["id"] for r in rows if _settled(outcomes[r["id"]]))
+            return result
+
+    async def _publish_alone(
+        self, connection: aiormq.abc.AbstractConnection, rows: Sequence[asyncpg.Record]
+    ) -> dict[int, BaseException | None]:
+        """Publish each row on its own, awaiting its confirm, on a channel of its own.
+
+        So a row that makes the broker close the channel is known: it is refused, a new channel
+        is opened, and the next row goes on. When the connection fails (or anything else), the
+        rows not yet settled are lost, as in a batch.
+        """
+        outcomes: dict[int, BaseException | None] = {}
+        failure: BaseException | None = None  # what stopped the run: the rest are lost by it
+        channel: AbstractChannel | None = None
+        try:
+            for row in rows:
+                try:
+                    if channel is None or channel.is_closed:
+                        channel = await _open_channel(connection)
+                    await self._publish(channel, row["record_type"], row["body"])
+                except aiormq.exceptions.DeliveryError as exc:
+                    outcomes[row["id"]] = exc
+                except aiormq.exceptions.ChannelPreconditionFailed as exc:
+                    # The broker closed the channel for this message alone.
+                    outcomes[row["id"]] = ChannelRefusal(exc)
+                except asyncio.CancelledError as exc:
+                    if _cancelling():
+                        raise
+                    failure = exc  # aiormq gave up on the connection
+                    break
+                except Exception as exc:
+                    failure = exc
+                    break
+                else:
+                    outcomes[row["id"]] = None
+        finally:
+            if channel is not None and not channel.is_closed:
+                await _close_quietly(channel)
+        for row in rows:
+            outcomes.setdefault(row["id"], failure)
+        return outcomes
+
+    def _suspect(self, ids: Sequence[int]) -> None:
+        if not ids:
+            return
+        limit = 16 * self.config.batch_size * self.config.lanes
+        if len(self._suspects) + len(ids) > limit:
+            # Rows another relay published stay here; forgetting costs one more channel close.
+            self._suspects.clear()
+        self._suspects.update(ids)
+        log.warning(
+            "the broker closed the channel with %d publishes in flight; they go one by one",
+            len(ids),
+        )
 
     async def _publish(self, channel: AbstractChannel, record_type: str, body: bytes) -> None:
         # A new Properties object each time: aiormq writes a random message_id into it, which
@@ -431,22 +585,26 @@ class Relay:
     ) -> BatchResult:
         sent: list[int] = []
         refused: list[int] = []
+        reasons: list[str] = []  # each refused row's own reason, kept in its last_error
         lost = 0
         published_per_job: Counter[str] = Counter()
-        first_error = ""
+        lost_error = ""
         for row, outcome in zip(rows, outcomes, strict=True):
             if outcome is None:
                 sent.append(row["id"])
                 if row["job_id"] is not None:
                     published_per_job[str(row["job_id"])] += 1
-            elif isinstance(outcome, aiormq.exceptions.DeliveryError):
+            elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):
                 refused.append(row["id"])
-                first_error = first_error or _refusal_reason(outcome)
-            elif isinstance(outcome, asyncio.CancelledError):
-                raise outcome
+                reasons.append(_refusal_reason(outcome)[:500])
+            elif isinstance(outcome, asyncio.CancelledError) and _cancelling():
+                raise outcome  # a shutdown while we settle
             else:
+                # No confirm: the channel or connection went away. aiormq fails a pending
+                # confirm with CancelledError when it gives up on a silent connection (the
+                # gather above would have raised if this lane itself had been cancelled).
                 lost += 1
-                first_error = first_error or f"{type(outcome).__name__}: {outcome}"
+                lost_error = lost_error or f"{type(outcome).__name__}: {outcome}"
         if sent:
             await conn.execute(_DELETE_SENT, sent)
             if published_per_job:
@@ -454,9 +612,7 @@ class Relay:
                 await conn.execute(_COUNT_PUBLISHED, jobs, [published_per_job[j] for j in jobs])
         parked = 0
         if refused:
-            updated = await conn.fetch(
-                _REFUSED, refused, first_error[:500], self.config.max_attempts
-            )
+            updated = await conn.fetch(_REFUSED, refused, reasons, self.config.max_attempts)
             parked_per_job: Counter[str] = Counter(
                 str(r["job_id"]) for r in updated if r["parked"] and r["job_id"] is not None
             )
@@ -469,17 +625,91 @@ class Relay:
         self.metrics.outbox_published.inc(len(sent))
         if refused:
             self.metrics.outbox_publish_failures.labels(reason="refused").inc(len(refused))
-            log.warning("broker refused %d outbox rows: %s", len(refused), first_error)
+            log.warning("broker refused %d outbox rows: %s", len(refused), reasons[0])
         if parked:
             self.metrics.outbox_parked.inc(parked)
             log.error("parked %d outbox rows after %d refusals", parked, self.config.max_attempts)
         if lost:
             self.metrics.outbox_publish_failures.labels(reason="lost").inc(lost)
-            log.warning("%d publishes lost their confirm (%s); rows stay", lost, first_error)
+            log.warning("%d publishes lost their confirm (%s); rows stay", lost, lost_error)
         return BatchResult(len(rows), len(sent), len(refused), lost)
 
 
-def _refusal_reason(exc: aiormq.exceptions.DeliveryError) -> str:
+_Starter = Callable[[], Coroutine[Any, Any, None]]
+
+_RESTART_BASE_S = 0.5
+_RESTART_CAP_S = 30.0
+
+
+def _log_death(task: asyncio.Task[None], delay: float) -> None:
+    name = task.get_name()
+    if task.cancelled():
+        log.error("%s was cancelled; restarting it in %.1f s", name, delay)
+    elif (exc := task.exception()) is not None:
+        log.error("%s died (%r); restarting it in %.1f s", name, exc, delay, exc_info=exc)
+    else:
+        log.error("%s ended on its own; restarting it in %.1f s", name, delay)
+
+
+def _cancelling() -> bool:
+    """True when the current task itself is being cancelled (a shutdown).
+
+    aiormq fails every future that waits on a connection it closed (for a missed heartbeat, a
+    partition) with ``CancelledError``, in tasks nobody cancelled: that is a broker failure, to
+    be handled like any other, while a real cancellation must go through.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _close_quietly(closable: aio_pika.abc.AbstractConnection | AbstractChannel) -> None:
+    """Close a connection or channel; a broker that is away cannot make that fail."""
+    try:
+        await asyncio.wait_for(closable.close(), 10)
+    except BROKER_ERRORS as exc:
+        log.debug("closing %r failed: %r", closable, exc)
+    except asyncio.CancelledError:
+        if _cancelling():
+            raise
+        log.debug("closing %r was cancelled under us", closable)
+
+
+class ChannelRefusal(Exception):
+    """The broker closed a channel for a message published alone on it: the message's fault."""
+
+    def __init__(self, cause: aiormq.exceptions.ChannelClosed) -> None:
+        super().__init__(_close_text(cause))
+
+
+def _close_text(exc: aiormq.exceptions.ChannelClosed) -> str:
+    # aiormq's channel errors carry the broker's reply text, e.g. 'PRECONDITION_FAILED - message
+    # size 1232 is larger than configured max size 1024'
+    return " ".join(str(a) for a in exc.args if a is not None) or type(exc).__name__
+
+
+class _ChannelOpenFailed(Exception):
+    """Opening a channel failed: not the fault of the row about to be published on it."""
+
+
+async def _open_channel(connection: aiormq.abc.AbstractConnection) -> AbstractChannel:
+    try:
+        return await connection.channel(publisher_confirms=True)
+    except Exception as exc:
+        raise _ChannelOpenFailed(repr(exc)) from exc
+
+
+def _closed_by_broker(outcome: BaseException | None) -> bool:
+    """The broker closed the channel (a Channel.Close with a reply code), not the connection."""
+    return isinstance(outcome, aiormq.exceptions.ChannelClosed) and outcome.args[:1] != (None,)
+
+
+def _settled(outcome: BaseException | None) -> bool:
+    return outcome is None or isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal)
+
+
+def _refusal_reason(exc: aiormq.exceptions.DeliveryError | ChannelRefusal) -> str:
+    if isinstance(exc, ChannelRefusal):
+        return f"closed the channel: {exc}"
     if isinstance(exc, aiormq.exceptions.PublishError):
         frame: Any = exc.frame
         return f"returned: {getattr(frame, 'reply_code', '?')} {getattr(frame, 'reply_text', '')}"

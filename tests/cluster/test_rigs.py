@@ -223,7 +223,10 @@ async def test_failover_multi_host_dsn_reaches_the_promoted_standby(
         assert await conn.fetchval("SELECT count(*) FROM t") == 101, "an acked commit was lost"
     finally:
         await conn.close()
-    print(f"\npostgres: primary killed -> first commit on the promoted standby {writable:.2f} s")
+    print(
+        f"\npostgres: pair started in {cluster.timings['start']:.1f} s; primary killed -> first "
+        f"commit on the promoted standby through the multi-host DSN {writable:.2f} s"
+    )
 
 
 async def test_sync_commit_the_standby_lacks_is_never_acknowledged(

@@ -1,0 +1,95 @@
+"""Cluster fixtures: a three-node RabbitMQ cluster and PostgreSQL primary + standby pairs.
+
+``rabbit_cluster`` is one cluster per test module (it takes some 20 s to start on this machine);
+before each test every node that an earlier test killed is restarted, so tests do not depend
+on their order. ``pg_clusters`` starts a fresh primary and standby per call (about a second),
+since a failover test leaves its primary dead. Everything is stopped at the end, also when a
+test fails, and the nodes' and servers' logs are printed then.
+
+The rigs block; call their slow methods through ``asyncio.to_thread`` from async tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.rigs import postgres_cluster, rabbitmq_node
+from tests.rigs.postgres_cluster import PgCluster
+from tests.rigs.rabbitmq_cluster import RabbitCluster
+
+
+@pytest.fixture(scope="module")
+def rabbit_cluster_module(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RabbitCluster]:
+    if not rabbitmq_node.available():
+        pytest.fail(
+            "the RabbitMQ cluster rig needs the installed rabbitmq-server "
+            f"({rabbitmq_node.SERVER}); deselect these tests with -m 'not cluster'"
+        )
+    failed_before = request.session.testsfailed
+    cluster = RabbitCluster(tmp_path_factory.mktemp("rabbit-cluster"))
+    cluster.start()
+    print(
+        f"\nrabbit cluster: boot {cluster.timings['boot']:.1f} s, join "
+        f"{cluster.timings['join']:.1f} s, start {cluster.timings['start']:.1f} s"
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        print(f"\nrabbit cluster: stop {cluster.timings['stop']:.1f} s")
+        if request.session.testsfailed > failed_before:
+            print(cluster.log_tails(40))
+
+
+@pytest.fixture
+def rabbit_cluster(rabbit_cluster_module: RabbitCluster) -> RabbitCluster:
+    """The module's cluster with every node running and clustered again."""
+    for node in rabbit_cluster_module.nodes:
+        if not node.running:
+            rabbit_cluster_module.restart(node)
+    return rabbit_cluster_module
+
+
+PgClusterFactory = Callable[..., PgCluster]
+
+
+@pytest.fixture
+def pg_clusters(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PgClusterFactory]:
+    """``pg_clusters(synchronous=True)`` starts a primary and a streaming standby."""
+    if not postgres_cluster.available():
+        pytest.fail(
+            "the PostgreSQL cluster rig needs the PostgreSQL 15 binaries "
+            f"({postgres_cluster.PG_BIN}) and, under root, a 'postgres' OS user; "
+            "deselect these tests with -m 'not cluster'"
+        )
+    started: list[PgCluster] = []
+
+    def start(synchronous: bool = True) -> PgCluster:
+        cluster = PgCluster(tmp_path / f"pg{len(started)}", synchronous=synchronous)
+        started.append(cluster)
+        return cluster.start()
+
+    try:
+        yield start
+    finally:
+        report = getattr(request.node, "rep_call", None)
+        try:
+            if report is not None and report.failed:
+                for cluster in started:
+                    print(cluster.log_tails(40))
+        finally:
+            for cluster in started:
+                cluster.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]

@@ -7,10 +7,14 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
+# The exact, hashed versions of requirements.lock first (a layer that changes only with it),
+# then the project itself without resolving anything again.
+COPY requirements.lock ./
+RUN pip install --require-hashes -r requirements.lock
 COPY pyproject.toml README.md settings.py ./
 COPY bulk_recorder ./bulk_recorder
 COPY consumer ./consumer
-RUN pip install . && python -m compileall -q /opt/venv
+RUN pip install --no-deps . && python -m compileall -q /opt/venv
 
 FROM python:3.11-slim AS runtime
 RUN groupadd --system --gid 10001 recorder \

@@ -4,15 +4,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-unit demo demo-api run bench soak clean
+.PHONY: install lock lint test test-unit demo demo-api run bench soak clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Exact versions with hashes from requirements-dev.lock, then the project itself (no deps).
+$(STAMP): pyproject.toml requirements-dev.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# After a change to pyproject.toml's dependencies: resolve again, with hashes (uv does it fast).
+LOCK_ARGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu --no-header -q
+LOCK_HEADER := \# Exact versions with hashes: make install and the Dockerfile install from these. Regenerate with make lock.
+lock: $(STAMP)
+	$(BIN)/pip install --quiet uv
+	$(BIN)/uv pip compile pyproject.toml $(LOCK_ARGS) -o requirements.lock
+	$(BIN)/uv pip compile pyproject.toml --extra dev $(LOCK_ARGS) -o requirements-dev.lock
+	sed -i '1i $(LOCK_HEADER)' requirements.lock requirements-dev.lock
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

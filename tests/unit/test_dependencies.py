@@ -86,3 +86,50 @@ def test_the_client_library_has_what_the_reconnect_loops_need() -> None:
         f"aio-pika {version('aio-pika')} (aiormq {version('aiormq')}) has no "
         "Connection.closed(); the broker loops of the recorder and the relay wait on it"
     )
+
+
+def _locked(name: str) -> dict[str, str]:
+    """package -> exact version of a lock file; every pin must carry a hash."""
+    pins: dict[str, str] = {}
+    lines = (REPO / name).read_text().splitlines()
+    for number, line in enumerate(lines):
+        if not line or line.startswith((" ", "#")):
+            continue
+        requirement = Requirement(line.rstrip(" \\"))
+        (spec,) = requirement.specifier
+        assert spec.operator == "==", f"{name}: {line} is not an exact pin"
+        assert "--hash=sha256:" in lines[number + 1], f"{name}: {line} has no hash"
+        pins[_canonical(requirement.name)] = spec.version
+    return pins
+
+
+def test_the_lock_files_pin_every_dependency_in_its_range_and_are_what_is_installed() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    runtime = _locked("requirements.lock")
+    dev = _locked("requirements-dev.lock")
+    for lock, texts in (
+        (runtime, project["dependencies"]),
+        (dev, project["dependencies"] + project["optional-dependencies"]["dev"]),
+    ):
+        for text in texts:
+            requirement = Requirement(text)
+            if requirement.marker is not None and not requirement.marker.evaluate():
+                continue
+            name = _canonical(requirement.name)
+            assert name in lock, f"{name} is declared but not locked: run make lock"
+            assert requirement.specifier.contains(lock[name], prereleases=True), (
+                f"{name}=={lock[name]} is locked but pyproject asks {requirement}: run make lock"
+            )
+    for name, pinned in runtime.items():
+        assert dev.get(name) == pinned, f"{name}: the two lock files disagree"
+    stale = {n: (v, version(n)) for n, v in dev.items() if version(n) != v}
+    assert not stale, f"installed versions differ from requirements-dev.lock: {stale}"
+
+
+def test_installs_go_through_the_locks_with_hashes() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "--require-hashes -r requirements-dev.lock" in makefile
+    assert "--no-deps -e ." in makefile
+    assert "--require-hashes -r requirements.lock" in dockerfile
+    assert "pip install --no-deps ." in dockerfile

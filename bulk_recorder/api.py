@@ -174,7 +174,10 @@ class JobStatus(BaseModel):
     accepted: int
     rejected: int
     published: int = Field(description="Outbox rows the relay published and confirmed.")
-    recorded: int = Field(description="credit_annotations rows carrying this job's id.")
+    recorded: int = Field(
+        description="Lines recorded: credit_annotations rows carrying this job's id, plus the "
+        "job's lines whose id was already recorded by another job (that row keeps its job id)."
+    )
     dead_lettered: int = Field(
         description="Outbox rows the relay parked after the broker refused them repeatedly. "
         "Messages the recorder dead-letters are not counted here (see the DLQ)."
@@ -381,7 +384,12 @@ WHERE id = $1
 """
 _JOB_BY_KEY = "SELECT * FROM credit_annotation_jobs WHERE idempotency_key = $1"
 _JOB_BY_ID = "SELECT * FROM credit_annotation_jobs WHERE id = $1"
-_RECORDED = "SELECT count(*) FROM credit_annotations WHERE job_id = $1"
+# A job's recorded lines: its own rows, plus its lines whose id was already stored (under another
+# job or none), which the recorder lists in credit_annotation_job_repeats.
+_RECORDED = """
+SELECT (SELECT count(*) FROM credit_annotations WHERE job_id = $1)
+     + (SELECT count(*) FROM credit_annotation_job_repeats WHERE job_id = $1)
+"""
 _COMPLETE_JOB = """
 UPDATE credit_annotation_jobs SET recorded = $2, completed_at = clock_timestamp()
 WHERE id = $1 AND completed_at IS NULL

@@ -776,6 +776,7 @@ async def _store_job(
         max_lines=ctx.max_job_lines,
     )
     started = time.perf_counter()
+    body_done = started
     prior: asyncpg.Record | None = None
     try:
         async with ctx.db.acquire(timeout=10) as conn:
@@ -783,6 +784,7 @@ async def _store_job(
             await staging.open()
             try:
                 await _stage_body(ctx, request, intake, staging, hasher)
+                body_done = time.perf_counter()
                 async with conn.transaction():
                     stored = await conn.fetchval(
                         _INSERT_JOB,
@@ -816,12 +818,15 @@ async def _store_job(
         raise _db_failure(exc) from None
     ctx.metrics.api_job_lines.labels(outcome="accepted").inc(intake.accepted)
     ctx.metrics.api_job_lines.labels(outcome="rejected").inc(intake.rejected)
+    done = time.perf_counter()
     log.info(
-        "job %s accepted: %d lines accepted, %d rejected, in %.2f s",
+        "job %s accepted: %d lines accepted, %d rejected, in %.2f s (body %.2f s, outbox %.2f s)",
         job_id,
         intake.accepted,
         intake.rejected,
-        time.perf_counter() - started,
+        done - started,
+        body_done - started,
+        done - body_done,
     )
     accepted = JobAccepted(
         id=job_id,

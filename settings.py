@@ -114,6 +114,33 @@ class Settings(BaseSettings):
         "127.0.0.1", min_length=1, description="Where `bulk-recorder api` listens."
     )
     api_port: int = Field(8080, ge=1, le=65_535, description="API port.")
+    api_max_job_bytes: int = Field(
+        256 * 1_048_576,
+        ge=1024,
+        le=16 * 1024 * 1_048_576,
+        description=(
+            "Largest credit-annotation job body; larger is 413, from Content-Length before "
+            "reading or as soon as the streamed body passes it (~1M NDJSON lines fit the default)."
+        ),
+    )
+    api_body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Longest wait for the next part of a request body; a client that sends nothing "
+            "for this long gets 408 and its job slot and database connection are freed."
+        ),
+    )
+    api_upload_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,
+        description=(
+            "A request body must be complete within this long (408 otherwise), so that a "
+            "client trickling bytes cannot hold a job slot for ever."
+        ),
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 

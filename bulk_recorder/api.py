@@ -9,8 +9,11 @@ Routes (OpenAPI at ``/openapi.json``, browsable at ``/docs``):
   its balance effects are written at once by :class:`PgWriter`, answer 201. Either way a repeat
   of the same id or ``Idempotency-Key`` is answered with the first outcome, never a second row.
 - ``POST /v1/credit-annotation-jobs``: JSON array, NDJSON or CSV, streamed; each line validated
-  with ``decode``; the job row and its outbox rows are written in one database transaction with
-  COPY; answer 202 with the job id, counts and rejected lines. Always asynchronous.
+  with ``decode``; accepted lines are staged as they arrive (COPY, short transactions: see
+  :mod:`bulk_recorder.job_staging`), and once the body is complete the job row and all its
+  outbox rows are written in one database transaction; answer 202 with the job id, counts and
+  rejected lines. Always asynchronous. Bounded: ``API_MAX_JOB_BYTES`` (413), every line counts
+  toward the line limit (413), ``API_BODY_TIMEOUT_S`` and ``API_UPLOAD_TIMEOUT_S`` (408).
 - ``GET /v1/credit-annotation-jobs/{id}``: status and progress.
 - ``/healthz`` (alive), ``/readyz`` (database reachable), ``/metrics`` (Prometheus).
 
@@ -27,7 +30,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Annotated, Any, Final, Literal, cast
@@ -43,10 +46,11 @@ from starlette.requests import ClientDisconnect
 
 from bulk_recorder.errors import DataRejected, TransientDbError, classify
 from bulk_recorder.ingest import CONTENT_TYPES, FormatError, JobIntake, TooManyLines, parser_for
+from bulk_recorder.job_staging import JobStaging
 from bulk_recorder.loadgen import uuid7
 from bulk_recorder.metrics import Metrics
 from bulk_recorder.migrate import migrate
-from bulk_recorder.outbox import copy_to_outbox, enqueue, notify, outbox_stats, record_stats
+from bulk_recorder.outbox import enqueue, notify, outbox_stats, record_stats
 from bulk_recorder.records import RecordError, Transaction, decode
 from bulk_recorder.writer import PgWriter, WriteResult
 from settings import Settings
@@ -58,7 +62,7 @@ __all__ = ["ApiError", "create_app"]
 API_VERSION: Final = "1.0.0"
 DEFAULT_MAX_JOB_LINES: Final = 1_000_000
 MAX_IDEMPOTENCY_KEY_LEN: Final = 255
-COPY_BATCH_ROWS: Final = 5_000
+COPY_BATCH_ROWS: Final = 5_000  # accepted lines staged per COPY
 FEED_SLICE_BYTES: Final = 16_384  # ~60 annotation lines, ~1 ms of validation
 REPLAYED_HEADER: Final = "Idempotent-Replayed"
 # A job's recorded count is a count(*) over its rows (300,000 at the end of the main job): one
@@ -174,7 +178,10 @@ class JobStatus(BaseModel):
     accepted: int
     rejected: int
     published: int = Field(description="Outbox rows the relay published and confirmed.")
-    recorded: int = Field(description="credit_annotations rows carrying this job's id.")
+    recorded: int = Field(
+        description="Lines recorded: credit_annotations rows carrying this job's id, plus the "
+        "job's lines whose id was already recorded by another job (that row keeps its job id)."
+    )
     dead_lettered: int = Field(
         description="Outbox rows the relay parked after the broker refused them repeatedly. "
         "Messages the recorder dead-letters are not counted here (see the DLQ)."
@@ -292,15 +299,56 @@ def _canonical_hash(body: bytes) -> bytes:
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).digest()
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
+# An answer given before the whole body was read: the server closes the connection rather than
+# read (and drop) the rest of it.
+_CLOSE: Final = {"Connection": "close"}
+
+
+def _check_declared_length(request: Request, limit: int) -> None:
+    """413 from Content-Length alone, before any of the body is read."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"body too large ({declared} bytes > {limit})")
+        raise ApiError(413, f"body too large ({declared} bytes > {limit})", headers=_CLOSE)
+
+
+async def _body(request: Request, limit: int, settings: Settings) -> AsyncGenerator[bytes, None]:
+    """The request body chunk by chunk, bounded: more than ``limit`` bytes is 413; nothing
+    received for ``API_BODY_TIMEOUT_S``, or a body not complete ``API_UPLOAD_TIMEOUT_S`` after
+    the first read, is 408. Use it under ``contextlib.aclosing``."""
+    _check_declared_length(request, limit)
+    idle, whole = settings.api_body_timeout_s, settings.api_upload_timeout_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + whole
+    stream = request.stream()
+    size = 0
+    try:
+        while True:
+            left = deadline - loop.time()
+            try:
+                async with asyncio.timeout(min(idle, left)):
+                    chunk = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                if idle < left:
+                    reason = f"nothing received for {idle:g} s; send the body without pauses"
+                else:
+                    reason = f"the body was not complete within {whole:g} s"
+                log.info("request body timeout after %d bytes: %s", size, reason)
+                raise ApiError(408, f"request body timeout: {reason}", headers=_CLOSE) from None
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"body too large (more than {limit} bytes)", headers=_CLOSE)
+            yield chunk
+    finally:
+        await stream.aclose()
+
+
+async def _read_limited(request: Request, limit: int, settings: Settings) -> bytes:
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"body too large (more than {limit} bytes)")
+    async with contextlib.aclosing(_body(request, limit, settings)) as chunks:
+        async for chunk in chunks:
+            body += chunk
     return bytes(body)
 
 
@@ -341,8 +389,9 @@ class _Context:
     pool_max_size: int
     pool: asyncpg.Pool | None = None
     recorded_cache: dict[uuid.UUID, tuple[float, int]] = field(default_factory=dict)
-    # A job upload holds a pooled connection for as long as the client sends; at most half
-    # the pool does, so that single transactions and status reads always find one.
+    # A job upload holds a pooled connection (its staging table's session, never an open
+    # transaction) for as long as the client sends, within the body timeouts; at most half the
+    # pool does, so that single transactions and status reads always find one.
     job_slots: asyncio.Semaphore = field(init=False)
 
     def __post_init__(self) -> None:
@@ -368,20 +417,23 @@ WHERE transaction_id = $1 OR idempotency_key = $2
 ORDER BY (idempotency_key IS NOT DISTINCT FROM $2) DESC
 LIMIT 1
 """
+# Written once the body is complete, in the transaction that moves its staged lines into the
+# outbox: a job is never visible before all its outbox rows are.
 _INSERT_JOB = """
-INSERT INTO credit_annotation_jobs (id, idempotency_key, content_type) VALUES ($1, $2, $3)
+INSERT INTO credit_annotation_jobs (id, idempotency_key, content_type, accepted, rejected,
+                                    rejections, rejections_truncated, request_hash)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING true
 """
-_FINISH_JOB = """
-UPDATE credit_annotation_jobs
-SET accepted = $2, rejected = $3, rejections = $4::jsonb, rejections_truncated = $5,
-    request_hash = $6
-WHERE id = $1
-"""
 _JOB_BY_KEY = "SELECT * FROM credit_annotation_jobs WHERE idempotency_key = $1"
 _JOB_BY_ID = "SELECT * FROM credit_annotation_jobs WHERE id = $1"
-_RECORDED = "SELECT count(*) FROM credit_annotations WHERE job_id = $1"
+# A job's recorded lines: its own rows, plus its lines whose id was already stored (under another
+# job or none), which the recorder lists in credit_annotation_job_repeats.
+_RECORDED = """
+SELECT (SELECT count(*) FROM credit_annotations WHERE job_id = $1)
+     + (SELECT count(*) FROM credit_annotation_job_repeats WHERE job_id = $1)
+"""
 _COMPLETE_JOB = """
 UPDATE credit_annotation_jobs SET recorded = $2, completed_at = clock_timestamp()
 WHERE id = $1 AND completed_at IS NULL
@@ -512,7 +564,7 @@ def create_app(
         if media is not None and media != "application/json" and not media.endswith("+json"):
             raise ApiError(415, f"Content-Type must be application/json, not {media}")
         limit = settings.bulk_recorder_max_message_bytes
-        body = await _read_limited(request, limit)
+        body = await _read_limited(request, limit, settings)
         try:
             record = decode(body, "transaction", max_bytes=limit)
         except RecordError as exc:
@@ -661,6 +713,8 @@ def _replay_job(row: asyncpg.Record, request_hash: bytes) -> Response:
 async def _accept_job(
     ctx: _Context, request: Request, fmt: str, media: str, key: str | None
 ) -> Response:
+    limit = ctx.settings.api_max_job_bytes
+    _check_declared_length(request, limit)  # before a slot or a connection is taken
     hasher = hashlib.sha256(fmt.encode() + b"\0")
     if key is not None:
         try:
@@ -669,8 +723,9 @@ async def _accept_job(
         except _DB_ERRORS as exc:
             raise _db_failure(exc) from None
         if prior is not None:
-            async for chunk in request.stream():
-                hasher.update(chunk)
+            async with contextlib.aclosing(_body(request, limit, ctx.settings)) as chunks:
+                async for chunk in chunks:
+                    hasher.update(chunk)
             return _replay_job(prior, hasher.digest())
     if ctx.job_slots.locked():
         raise ApiError(
@@ -678,6 +733,30 @@ async def _accept_job(
         )
     async with ctx.job_slots:
         return await _store_job(ctx, request, fmt, media, key, hasher)
+
+
+async def _stage_body(
+    ctx: _Context, request: Request, intake: JobIntake, staging: JobStaging, hasher: Any
+) -> None:
+    """Read, validate and stage the whole body; the intake then holds the job's counts."""
+    body = _body(request, ctx.settings.api_max_job_bytes, ctx.settings)
+    async with contextlib.aclosing(body) as chunks:
+        async for chunk in chunks:
+            hasher.update(chunk)
+            # Validation is CPU work on the event loop: a slice at a time, with a turn of the
+            # loop in between, so other requests wait ~1 ms rather than a whole chunk.
+            for start in range(0, len(chunk), FEED_SLICE_BYTES):
+                intake.feed(chunk[start : start + FEED_SLICE_BYTES])
+                await asyncio.sleep(0)
+            if len(intake.rows) >= COPY_BATCH_ROWS:
+                await staging.add(intake.take_rows())
+    intake.finish()
+    if intake.accepted == 0:
+        raise _no_valid_line(intake)
+    rows = intake.take_rows()
+    if rows:
+        await staging.add(rows)
+    await staging.flush()
 
 
 async def _store_job(
@@ -697,57 +776,57 @@ async def _store_job(
         max_lines=ctx.max_job_lines,
     )
     started = time.perf_counter()
+    body_done = started
+    prior: asyncpg.Record | None = None
     try:
-        async with ctx.db.acquire(timeout=10) as conn, conn.transaction():
-            if not await conn.fetchval(_INSERT_JOB, job_id, key, media):
-                # Another request with this key committed while we waited on its row lock.
-                async for chunk in request.stream():
-                    hasher.update(chunk)
-                prior = await conn.fetchrow(_JOB_BY_KEY, key)
-                assert prior is not None
+        async with ctx.db.acquire(timeout=10) as conn:
+            staging = JobStaging(conn)
+            await staging.open()
+            try:
+                await _stage_body(ctx, request, intake, staging, hasher)
+                body_done = time.perf_counter()
+                async with conn.transaction():
+                    stored = await conn.fetchval(
+                        _INSERT_JOB,
+                        job_id,
+                        key,
+                        media,
+                        intake.accepted,
+                        intake.rejected,
+                        json.dumps(intake.rejections),
+                        intake.rejections_truncated,
+                        hasher.digest(),
+                    )
+                    if stored:
+                        await staging.publish(job_id)
+                        await notify(conn)
+                    else:  # another upload with this key completed first: answer with its job
+                        prior = await conn.fetchrow(_JOB_BY_KEY, key)
+            except BaseException:
+                await staging.discard()
+                raise
+            if prior is not None:
+                await staging.discard()
                 return _replay_job(prior, hasher.digest())
-            async for chunk in request.stream():
-                hasher.update(chunk)
-                # Validation is CPU work on the event loop: a slice at a time, with a turn of
-                # the loop in between, so other requests wait ~1 ms rather than a whole chunk.
-                for start in range(0, len(chunk), FEED_SLICE_BYTES):
-                    intake.feed(chunk[start : start + FEED_SLICE_BYTES])
-                    await asyncio.sleep(0)
-                if len(intake.rows) >= COPY_BATCH_ROWS:
-                    await copy_to_outbox(conn, intake.take_rows())
-            intake.finish()
-            if intake.accepted == 0:
-                raise _no_valid_line(intake)
-            rows = intake.take_rows()
-            if rows:
-                await copy_to_outbox(conn, rows)
-            rejections = json.dumps(intake.rejections)
-            await conn.execute(
-                _FINISH_JOB,
-                job_id,
-                intake.accepted,
-                intake.rejected,
-                rejections,
-                intake.rejections_truncated,
-                hasher.digest(),
-            )
-            await notify(conn)
     except FormatError as exc:
         raise ApiError(400, str(exc)) from None
     except TooManyLines as exc:
-        raise ApiError(413, str(exc)) from None
+        raise ApiError(413, str(exc), headers=_CLOSE) from None
     except (ApiError, ClientDisconnect):
         raise
     except (DataRejected, TransientDbError, *_DB_ERRORS) as exc:
         raise _db_failure(exc) from None
     ctx.metrics.api_job_lines.labels(outcome="accepted").inc(intake.accepted)
     ctx.metrics.api_job_lines.labels(outcome="rejected").inc(intake.rejected)
+    done = time.perf_counter()
     log.info(
-        "job %s accepted: %d lines accepted, %d rejected, in %.2f s",
+        "job %s accepted: %d lines accepted, %d rejected, in %.2f s (body %.2f s, outbox %.2f s)",
         job_id,
         intake.accepted,
         intake.rejected,
-        time.perf_counter() - started,
+        done - started,
+        body_done - started,
+        done - body_done,
     )
     accepted = JobAccepted(
         id=job_id,

@@ -9,6 +9,10 @@ becomes an outbox row whose body is the canonical message of DESIGN.md section 4
 Line numbers are 1-based: the physical line for NDJSON, the line where the record starts for CSV
 (the header is line 1), and the element's position for a JSON array.
 
+Every line counts toward a job's line limit, blank ones too (NDJSON and CSV physical lines, the
+CSV header excepted; a JSON array's elements), and the limit is checked after every chunk, before
+its lines are validated: blank filler cannot make a huge body look like a small job.
+
 Two kinds of failure: a bad line is rejected with its number and reason and the job goes on; a
 body that cannot be split into lines at all (a JSON array that does not parse, a CSV header with
 an unknown column, invalid UTF-8 in CSV) raises :class:`FormatError` for the whole request.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import codecs
 import csv
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -64,6 +69,7 @@ CONTENT_TYPES: Final = {
 
 _BOM: Final = "\ufeff"
 _WHITESPACE: Final = " \t\r\n"
+_WHITESPACE_RUN: Final = re.compile(r"[ \t\r\n]+").match
 _ENCODE: Final[Callable[[Any], str]] = json.JSONEncoder(
     separators=(",", ":"), ensure_ascii=False
 ).encode
@@ -79,6 +85,11 @@ class TooManyLines(ValueError):
 
 
 class LineParser(Protocol):
+    @property
+    def lines(self) -> int:
+        """Lines seen so far that count toward the job's line limit (blank ones included)."""
+        ...
+
     def feed(self, chunk: bytes) -> list[Item]: ...
 
     def finish(self) -> list[Item]: ...
@@ -94,12 +105,18 @@ def parser_for(fmt: str, max_line_bytes: int) -> LineParser:
     raise ValueError(f"unknown format {fmt!r}")
 
 
+def _skip_whitespace(text: str, pos: int) -> int:
+    """The first position at or after ``pos`` that is not JSON whitespace (at C speed)."""
+    run = _WHITESPACE_RUN(text, pos)
+    return run.end() if run else pos
+
+
 def _too_long(limit: int) -> str:
     return f"line longer than {limit} bytes"
 
 
 class NdjsonParser:
-    """One JSON object per line; blank lines are skipped (and counted)."""
+    """One JSON object per line; blank lines are skipped, but numbered and counted."""
 
     def __init__(self, max_line_bytes: int) -> None:
         self._limit = max_line_bytes
@@ -107,6 +124,10 @@ class NdjsonParser:
         self._line = 0
         self._skipping = False  # inside a line already known to be too long
         self._first = True
+
+    @property
+    def lines(self) -> int:
+        return self._line
 
     def feed(self, chunk: bytes) -> list[Item]:
         if self._first and chunk:
@@ -157,6 +178,10 @@ class JsonArrayParser:
         self._count = 0
         self._offset = 0  # characters consumed before self._text
 
+    @property
+    def lines(self) -> int:
+        return self._count
+
     def feed(self, chunk: bytes) -> list[Item]:
         self._text += self._decode(chunk, final=False)
         return self._drain(final=False)
@@ -185,8 +210,7 @@ class JsonArrayParser:
         text, pos, end_of_text = self._text, 0, len(self._text)
         out: list[Item] = []
         while True:
-            while pos < end_of_text and text[pos] in _WHITESPACE:
-                pos += 1
+            pos = _skip_whitespace(text, pos)
             if pos == end_of_text:
                 break
             state = self._state
@@ -256,6 +280,10 @@ class CsvParser:
         self._record_line = 0
         self._header: list[str] | None = None
         self._first = True
+
+    @property
+    def lines(self) -> int:
+        return self._line - (1 if self._header is not None else 0)
 
     def feed(self, chunk: bytes) -> list[Item]:
         try:
@@ -409,10 +437,14 @@ class JobIntake:
         return self.rejected > len(self.rejections)
 
     def feed(self, chunk: bytes) -> None:
-        self._take(self.parser.feed(chunk))
+        items = self.parser.feed(chunk)
+        self._check_lines()
+        self._take(items)
 
     def finish(self) -> None:
-        self._take(self.parser.finish())
+        items = self.parser.finish()
+        self._check_lines()
+        self._take(items)
 
     def take_rows(self) -> list[OutboxRow]:
         """The outbox rows collected since the last call (the caller COPYs them)."""
@@ -422,8 +454,6 @@ class JobIntake:
     def _take(self, items: list[Item]) -> None:
         job_id, seen, rows = self.job_id, self._seen, self.rows
         for number, payload in items:
-            if self.accepted + self.rejected >= self.max_lines:
-                raise TooManyLines(f"a job has at most {self.max_lines} lines")
             if isinstance(payload, str):
                 self._reject(number, payload)
                 continue
@@ -439,6 +469,11 @@ class JobIntake:
                 continue
             rows.append(("credit_annotation", record.id, job_id, annotation_body(record, job_id)))
             self.accepted += 1
+
+    def _check_lines(self) -> None:
+        """Every line counts, blank ones too; checked before the chunk's lines are validated."""
+        if self.parser.lines > self.max_lines:
+            raise TooManyLines(f"a job has at most {self.max_lines} lines")
 
     def _reject(self, number: int, reason: str) -> None:
         self.rejected += 1

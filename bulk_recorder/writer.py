@@ -8,7 +8,10 @@ Each flush:
 4. inserts operations only for transactions the insert reported as new (so an operation id that
    belongs to another transaction is a real conflict, surfaced as a data error), and applies
    balance deltas for those same transactions, aggregated per (account, asset) and in key order,
-5. commits once. A redelivered message therefore changes nothing.
+5. for annotations the insert ignored that carry a job id other than the stored row's, records
+   (job_id, id) in ``credit_annotation_job_repeats`` (a job's progress counts its own rows plus
+   these); this step runs only when the flush had ignored rows,
+6. commits once. A redelivered message therefore changes nothing.
 """
 
 from __future__ import annotations
@@ -104,6 +107,17 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
      AS u(id, job_id, document, document_type, kind, creditor, amount, occurred_on, reason)
 ON CONFLICT (id) DO NOTHING
 RETURNING id::text
+"""
+
+# Only for pairs whose id is stored with another job (or none): a job's own rows never repeat.
+_RECORD_REPEATS = """
+INSERT INTO credit_annotation_job_repeats (job_id, annotation_id)
+SELECT u.job_id::uuid, u.id::uuid
+FROM unnest($1::text[], $2::text[]) AS u(job_id, id)
+JOIN credit_annotations AS a ON a.id = u.id::uuid
+WHERE a.job_id IS DISTINCT FROM u.job_id::uuid
+ORDER BY 1, 2
+ON CONFLICT DO NOTHING
 """
 
 
@@ -252,6 +266,7 @@ class PgWriter:
         unique, _ = dedupe_sorted(records)
         anns: list[CreditAnnotation] = [r for r in unique if isinstance(r, CreditAnnotation)]
         inserted = 0
+        returned: list[list[asyncpg.Record]] = []
         for chunk in chunked(anns, self._ann_rows):
             rows = await conn.fetch(
                 _INSERT_ANNOTATIONS,
@@ -266,10 +281,42 @@ class PgWriter:
                 [a.reason for a in chunk],
             )
             inserted += len(rows)
+            returned.append(rows)
         counts = result.table("credit_annotations")
         counts.attempted += len(records)
         counts.inserted += inserted
         counts.ignored += len(records) - inserted
+        if inserted < len(records):  # the common flush (nothing ignored) skips this
+            new_ids = {row[0] for rows in returned for row in rows}
+            await self._record_repeats(conn, records, anns, new_ids)
+
+    async def _record_repeats(
+        self,
+        conn: Connection,
+        records: list[Record],
+        unique: list[CreditAnnotation],
+        new_ids: set[str],
+    ) -> None:
+        """Record (job_id, id) for job lines whose id is stored under another job (or none).
+
+        A record inserted now owns its id; every other (job_id, id) pair of the flush, that is
+        the ignored rows and the in-flush repeats of an id from another job, is a candidate.
+        The statement keeps only those whose stored row carries another job id.
+        """
+        owner = {a.id: a.job_id for a in unique if a.id in new_ids}
+        pairs = sorted(
+            {
+                (r.job_id, r.id)
+                for r in records
+                if isinstance(r, CreditAnnotation)
+                and r.job_id is not None
+                and (r.id not in owner or owner[r.id] != r.job_id)
+            }
+        )
+        for chunk in chunked(pairs, self._ann_rows):
+            await conn.execute(
+                _RECORD_REPEATS, [job for job, _ in chunk], [ann for _, ann in chunk]
+            )
 
 
 def balance_deltas(transactions: Sequence[Transaction]) -> dict[tuple[str, str], Decimal]:

@@ -19,6 +19,7 @@ import aio_pika
 import pytest
 
 import bulk_recorder.api as api_module
+from bulk_recorder.job_staging import STAGING_TABLE, JobStaging
 from bulk_recorder.loadgen import Generator
 from bulk_recorder.outbox import Relay, RelayConfig
 from bulk_recorder.records import decode
@@ -82,17 +83,17 @@ async def test_failure_in_the_middle_of_a_job_copy_leaves_no_job_and_no_outbox_r
     gen = Generator.create(2)
     lines = [gen.credit_annotation() for _ in range(50)]
     calls = 0
-    from bulk_recorder.outbox import copy_to_outbox as real_copy
+    real_add = JobStaging.add
 
-    async def copy_then_fail(conn, rows):
+    async def add_then_fail(staging, rows):
         nonlocal calls
         calls += 1
         if calls == 2:
             raise RuntimeError("injected failure after the first COPY")
-        await real_copy(conn, rows)
+        await real_add(staging, rows)
 
     monkeypatch.setattr(api_module, "COPY_BATCH_ROWS", 20)
-    monkeypatch.setattr(api_module, "copy_to_outbox", copy_then_fail)
+    monkeypatch.setattr(JobStaging, "add", add_then_fail)
     async with api_client(settings, raise_app_exceptions=False) as (client, _):
 
         async def line_by_line():
@@ -103,10 +104,12 @@ async def test_failure_in_the_middle_of_a_job_copy_leaves_no_job_and_no_outbox_r
             "/v1/credit-annotation-jobs", content=line_by_line(), headers=NDJSON
         )
         assert failed.status_code == 500
-        assert calls == 2  # the first batch had been copied inside the transaction
+        assert calls == 2  # the first batch had been staged
         conn = await db()
         assert await count(conn, "credit_annotation_jobs") == 0
         assert await count(conn, "outbox") == 0
+        staged = "SELECT count(*) FROM pg_class WHERE relname = $1 AND relpersistence = 't'"
+        assert await conn.fetchval(staged, STAGING_TABLE) == 0  # and dropped
 
 
 # -- end to end ------------------------------------------------------------------------------

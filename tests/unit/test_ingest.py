@@ -1,14 +1,28 @@
-"""Streaming job parsers: the same lines whatever the chunk boundaries, bounded buffering."""
+"""Streaming job parsers: the same lines whatever the chunk boundaries, bounded buffering;
+every line counts toward the line limit (blank ones too), checked before a chunk is validated."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bulk_recorder.ingest import FormatError, JobIntake, parser_for
+from bulk_recorder.ingest import (
+    CSV_COLUMNS,
+    CsvParser,
+    FormatError,
+    JobIntake,
+    JsonArrayParser,
+    LineParser,
+    NdjsonParser,
+    TooManyLines,
+    parser_for,
+)
+from bulk_recorder.loadgen import Generator
+from bulk_recorder.records import decode
 
 A = {
     "id": "0193a3c4-0000-7000-8000-000000000001",
@@ -107,8 +121,6 @@ def test_csv_invalid_utf8_and_unclosed_quote() -> None:
 
 
 def test_repeated_id_and_line_limit() -> None:
-    from bulk_recorder.ingest import TooManyLines
-
     body = (json.dumps(A) + "\n" + json.dumps(A) + "\n").encode()
     intake = JobIntake(JOB, parser_for("ndjson", 4096), max_body_bytes=4096, max_lines=5)
     intake.feed(body)
@@ -117,3 +129,104 @@ def test_repeated_id_and_line_limit() -> None:
     small = JobIntake(JOB, parser_for("ndjson", 4096), max_body_bytes=4096, max_lines=1)
     with pytest.raises(TooManyLines):
         small.feed(body)
+
+
+# -- every line counts toward the limit ----------------------------------------------------------
+
+LIMIT = 1 << 20
+
+
+def sample_annotations(n: int, seed: int = 1) -> list[dict[str, Any]]:
+    gen = Generator.create(seed)
+    return [gen.credit_annotation() for _ in range(n)]
+
+
+def ndjson_line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def feed_all(parser: LineParser, chunks: list[bytes]) -> list[tuple[int, bytes | str]]:
+    out: list[tuple[int, bytes | str]] = []
+    for chunk in chunks:
+        out += parser.feed(chunk)
+    return out + parser.finish()
+
+
+@pytest.mark.parametrize(
+    ("body", "lines"),
+    [
+        (b"", 0),
+        (b"\n", 1),
+        (b"\n\n\n", 3),
+        (b" \t\r\n  \n", 2),  # whitespace-only lines are lines
+        (b'{"a":1}\n\n{"b":2}', 3),  # the last line needs no newline
+        (b'{"a":1}\n\n{"b":2}\n', 3),
+    ],
+)
+def test_ndjson_counts_every_physical_line(body: bytes, lines: int) -> None:
+    parser = NdjsonParser(LIMIT)
+    feed_all(parser, [body[i : i + 2] for i in range(0, len(body), 2)])
+    assert parser.lines == lines
+
+
+def test_csv_counts_blank_lines_but_not_the_header() -> None:
+    one = sample_annotations(1)[0]
+    head = ",".join(CSV_COLUMNS) + "\n"
+    record = ",".join(str(one[name]) for name in CSV_COLUMNS) + "\n"
+    parser = CsvParser(LIMIT)
+    items = feed_all(parser, [(head + "\n" + record + "\n\n").encode()])
+    assert [number for number, _ in items] == [3]
+    assert parser.lines == 4  # blank, record, blank, blank
+
+
+def test_json_array_counts_elements_and_skips_whitespace_split_across_chunks() -> None:
+    objs = sample_annotations(3)
+    body = ("[ \n\t" + " \r\n ,\n ".join(json.dumps(o) for o in objs) + "\n\n ]  \n").encode()
+    for size in (1, 3, 7, len(body)):
+        parser = JsonArrayParser(LIMIT)
+        items = feed_all(parser, [body[i : i + size] for i in range(0, len(body), size)])
+        assert [json.loads(payload)["id"] for _, payload in items] == [o["id"] for o in objs]
+        assert parser.lines == 3
+
+
+@pytest.mark.parametrize("fmt", ["ndjson", "csv"])
+def test_blank_filler_trips_the_line_limit(fmt: str) -> None:
+    head = (",".join(CSV_COLUMNS) + "\n").encode() if fmt == "csv" else b""
+    intake = JobIntake(JOB, parser_for(fmt, LIMIT), max_body_bytes=LIMIT, max_lines=100)
+    intake.feed(head + b"\n" * 100)  # exactly at the limit: fine
+    with pytest.raises(TooManyLines, match="a job has at most 100 lines"):
+        intake.feed(b"\n")
+
+
+def test_a_job_of_exactly_max_lines_is_accepted() -> None:
+    body = b"".join(ndjson_line(o) for o in sample_annotations(3))
+    intake = JobIntake(JOB, NdjsonParser(LIMIT), max_body_bytes=LIMIT, max_lines=3)
+    intake.feed(body)
+    intake.finish()
+    assert (intake.accepted, intake.rejected) == (3, 0)
+
+
+def test_the_limit_is_checked_before_the_chunk_is_validated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = 0
+
+    def counting_decode(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr("bulk_recorder.ingest.decode", counting_decode)
+    body = b"".join(ndjson_line(o) for o in sample_annotations(5))
+    intake = JobIntake(JOB, NdjsonParser(LIMIT), max_body_bytes=LIMIT, max_lines=3)
+    with pytest.raises(TooManyLines):
+        intake.feed(body)
+    assert calls == 0
+
+
+def test_the_last_line_without_newline_counts_at_finish() -> None:
+    body = b"".join(ndjson_line(o) for o in sample_annotations(3)) + b"\n" + b'{"x":1}'
+    intake = JobIntake(JOB, NdjsonParser(LIMIT), max_body_bytes=LIMIT, max_lines=4)
+    intake.feed(body)  # four lines so far
+    with pytest.raises(TooManyLines):
+        intake.finish()  # the fifth, unterminated

@@ -359,14 +359,15 @@ class Recorder:
         await self._release(held)
         backoff = Backoff(base_s=0.2, cap_s=5.0)
         attempt = 0
-        assert self._pool is not None
+        assert self._writer is not None
         assert self._flusher is not None
         while not self._stopping:
             await asyncio.sleep(backoff.delay(attempt))
             attempt += 1
             try:
-                async with self._pool.acquire(timeout=5) as conn:
-                    await conn.execute("SELECT 1")
+                # a real write, rolled back: `SELECT 1` passes on a database that accepts
+                # connections but refuses writes (read-only, disk full, a revoked privilege)
+                await self._writer.probe()
             except Exception as exc:  # any failed probe means "not back yet", whatever its type
                 log.debug("database probe failed: %r", exc)
                 continue

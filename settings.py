@@ -7,7 +7,9 @@ down. A wrong value fails start-up with a :class:`SettingsError` that names the 
 
 from __future__ import annotations
 
+import re
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +18,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PG_MAX_PARAMETERS = 65_535
 # Hard cap on rows per INSERT statement, whatever the setting says.
 MAX_ROWS_PER_INSERT = 1_000
+# METRICS_PORT when it is not set: one port per role, so that `consume`, `relay` and `api` run
+# side by side on one host with no port settings (the API serves /metrics on API_PORT).
+DEFAULT_METRICS_PORTS = {"consume": 9464, "relay": 9465}
 
 
 class SettingsError(ValueError):
@@ -31,7 +36,13 @@ class Settings(BaseSettings):
         "postgresql://postgres@127.0.0.1:5432/bulk_recorder",
         description="PostgreSQL DSN; `migrate` creates the database if missing.",
     )
-    rabbitmq_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="Broker URL.")
+    rabbitmq_url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description=(
+            "Broker URL, or a comma-separated list of URLs, one per cluster node: a command "
+            "connects to one (starting at a random one) and moves to the next when it is lost."
+        ),
+    )
     rabbitmq_exchange: str = Field(
         "bulk_recorder", min_length=1, max_length=200, description="Topic exchange producers use."
     )
@@ -96,7 +107,16 @@ class Settings(BaseSettings):
     bulk_recorder_shutdown_timeout_s: float = Field(
         30.0, gt=0, le=600, description="Bounded wait for the final flush on SIGTERM."
     )
-    metrics_port: int = Field(9464, ge=0, le=65_535, description="/metrics port; 0 disables.")
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65_535,
+        description=(
+            "/metrics, /healthz and /readyz port; 0 disables. Unset: the role's own default "
+            "(`consume` 9464, `relay` 9465), so every process runs on one host with defaults; "
+            "the API serves /metrics on API_PORT."
+        ),
+    )
     metrics_host: str = Field(
         "127.0.0.1",
         min_length=1,
@@ -128,12 +148,25 @@ class Settings(BaseSettings):
 
     @field_validator("rabbitmq_url")
     @classmethod
-    def _amqp_scheme(cls, value: str) -> str:
-        if not value.startswith(("amqp://", "amqps://")):
-            raise ValueError("must be an amqp:// or amqps:// URL")
-        return value
+    def _amqp_urls(cls, value: str) -> str:
+        urls = [part.strip() for part in value.split(",")]
+        for number, url in enumerate(urls, start=1):
+            where = f"entry {number} of {len(urls)}" if len(urls) > 1 else "the URL"
+            problem = _amqp_url_problem(url)
+            if problem:
+                raise ValueError(
+                    f"must be an amqp:// or amqps:// URL, or a comma-separated list of them, one "
+                    f"per cluster node; {where} {problem}"
+                )
+        return ",".join(urls)
 
     # -- derived values ----------------------------------------------------------------------
+
+    def for_role(self, role: str) -> Settings:
+        """These settings with METRICS_PORT resolved to ``role``'s default when it is unset."""
+        if self.metrics_port is not None:
+            return self
+        return self.model_copy(update={"metrics_port": DEFAULT_METRICS_PORTS.get(role, 0)})
 
     @property
     def bulk_mode_active(self) -> bool:
@@ -181,6 +214,33 @@ class Settings(BaseSettings):
         return f"{self.rabbitmq_queue}.dlq"
 
 
+def _amqp_url_problem(url: str) -> str:
+    """Why ``url`` is not a usable AMQP URL ("" when it is). Never echoes a password."""
+    if not url:
+        return "is empty"
+    if not url.startswith(("amqp://", "amqps://")):
+        return f"does not start with amqp:// or amqps:// ({url.split('://')[0][:20]!r})"
+    if url.count("://") > 1:
+        return "holds more than one URL (separate the nodes with commas)"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return f"cannot be parsed ({exc})"
+    if not parts.hostname:
+        return "has no host"
+    if port == 0:
+        return "has port 0"
+    return ""
+
+
+def _redacted(value: object) -> object:
+    """A setting's value for an error message, with any URL password replaced by ``***``."""
+    if not isinstance(value, str) or "://" not in value:
+        return value
+    return re.sub(r"(://[^:/@,\s]*:)[^@/\s]*@", r"\1***@", value)
+
+
 def load_settings(**overrides: object) -> Settings:
     """Build the settings from the environment (plus explicit overrides).
 
@@ -193,6 +253,6 @@ def load_settings(**overrides: object) -> Settings:
         for error in exc.errors():
             name = ".".join(str(part) for part in error["loc"]).upper() or "SETTINGS"
             value = error.get("input")
-            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            shown = "" if isinstance(value, dict) else f" (got {_redacted(value)!r})"
             problems.append(f"{name}: {error['msg']}{shown}")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None

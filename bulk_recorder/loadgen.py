@@ -20,6 +20,7 @@ from typing import Any
 
 import aio_pika
 
+from bulk_recorder.broker import BrokerNodes
 from bulk_recorder.documents import normalize_document
 
 RECORD_TYPES = ("transaction", "credit_annotation")
@@ -274,7 +275,7 @@ async def publish_load(
     """Publish the planned messages with confirms, ``spec.in_flight`` unconfirmed at most."""
     report = LoadReport()
     gen = generator or Generator.create(spec.seed)
-    connection = await aio_pika.connect(url)
+    connection = await BrokerNodes.from_setting(url).connect()
     try:
         channel = await connection.channel(publisher_confirms=True)
         if declare is not None:

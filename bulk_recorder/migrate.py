@@ -30,10 +30,15 @@ def _with_database(dsn: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
+def maintenance_dsn(dsn: str) -> str:
+    """The DSN of the server's ``postgres`` database, which exists before ours does."""
+    return _with_database(dsn, "postgres")
+
+
 async def create_database_if_missing(dsn: str) -> bool:
     """Create the DSN's database when it does not exist. Returns True when it was created."""
     name = _database_name(dsn)
-    conn = await asyncpg.connect(_with_database(dsn, "postgres"))
+    conn = await asyncpg.connect(maintenance_dsn(dsn))
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
         if exists:

@@ -7,21 +7,27 @@ connection (:class:`consumer.publisher.Publisher`). Every delivery is decoded at
 invalid one is dead-lettered with its reason and acked; a valid one goes into the single shared
 :class:`BulkCollector`. Finished batches are written by ``RABBITMQ_NUMBERS_OF_WORKERS`` flush
 workers, each with its own database connection.
+
+Every long-lived task (the broker loop, the flush workers, the pause task) outlives any failure
+of the broker it waits on, including the ``CancelledError`` that aiormq sets on every pending
+future of a connection it gives up; only a real cancellation (shutdown) ends them. A flush
+worker that ends anyway is logged and replaced, and ``ready()`` is False while one is missing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import time
+from collections.abc import Callable
 
 import aio_pika
 import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
-from bulk_recorder.broker import BROKER_ERRORS
+from bulk_recorder.broker import BROKER_ERRORS, broker_failures_suppressed, cancel_requested
 from bulk_recorder.collector import BulkCollector
 from bulk_recorder.db import open_pool_when_ready, wait_or_stop
 from bulk_recorder.flusher import Backoff, Flusher, Pending, count_dead_letter, release_all
@@ -38,6 +44,9 @@ log = logging.getLogger(__name__)
 
 
 Batch = tuple[list[Pending], str]
+
+# A flush worker that ended is replaced after this long (no busy loop if one keeps dying).
+WORKER_RESTART_DELAY_S = 1.0
 
 
 class TopologyMismatch(Exception):
@@ -94,6 +103,8 @@ class Recorder:
         self._pause_task: asyncio.Task[None] | None = None
         self._consume_lock = asyncio.Lock()
         self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._worker_restarts = 0
         self.health: HealthServer | None = None
 
     # -- readiness ------------------------------------------------------------------------
@@ -101,7 +112,14 @@ class Recorder:
     def ready(self) -> tuple[bool, str]:
         broker = "up" if self._broker_ok else "down"
         database = "up" if self._db_ok else "down"
-        return self._broker_ok and self._db_ok, f"broker {broker}, database {database}"
+        detail = f"broker {broker}, database {database}"
+        alive = sum(not task.done() for task in self._workers)
+        workers_ok = bool(self._workers) and alive == len(self._workers)
+        if not workers_ok or self._worker_restarts:
+            detail += f", flush workers {alive}/{len(self._workers)} alive"
+            if self._worker_restarts:
+                detail += f" ({self._worker_restarts} restarted)"
+        return self._broker_ok and self._db_ok and workers_ok, detail
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -134,7 +152,6 @@ class Recorder:
                 self.metrics.registry, self.ready, s.metrics_host, s.metrics_port
             )
             await self.health.start()
-        workers: list[asyncio.Task[None]] = []
         publisher_stop = asyncio.Event()
         publisher = asyncio.create_task(self._publisher.run(publisher_stop), name="publisher")
         try:
@@ -154,13 +171,10 @@ class Recorder:
                 on_release=self._on_release,
                 ack_many=ack_each,
             )
-            workers = [
-                asyncio.create_task(self._flush_worker(), name=f"flush-worker-{i}")
-                for i in range(s.rabbitmq_numbers_of_workers)
-            ]
+            self._workers = [self._start_worker(i) for i in range(s.rabbitmq_numbers_of_workers)]
             await self._broker_loop(stop)
         finally:
-            await self._shutdown(workers, publisher, publisher_stop)
+            await self._shutdown(publisher, publisher_stop)
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         """Migrate and open the pool, retrying while the database is not there yet."""
@@ -209,6 +223,11 @@ class Recorder:
             except BROKER_ERRORS as exc:
                 log.warning("broker connection failed: %r", exc)
                 log.debug("broker failure", exc_info=True)
+            except asyncio.CancelledError:
+                if cancel_requested():
+                    raise
+                log.warning("broker connection given up (no frame within the heartbeat grace)")
+                log.debug("broker failure", exc_info=True)
             except Exception:  # a surprise from the client library must not end the service
                 log.exception("unexpected error on the broker connection; reconnecting")
             finally:
@@ -216,7 +235,7 @@ class Recorder:
                 if channel is not None and not stop.is_set():
                     self._drop_channel(channel)
                 if connection is not None and not stop.is_set():
-                    with contextlib.suppress(*BROKER_ERRORS):
+                    with broker_failures_suppressed():
                         await connection.close()
                 if channel is not None and not stop.is_set():
                     await _unblock_writers(channel)
@@ -263,16 +282,23 @@ class Recorder:
             channel, tag = self._channel, self._consumer_tag
             self._consumer_tag = None
             if channel is not None and tag is not None and not channel.is_closed:
-                with contextlib.suppress(*BROKER_ERRORS):
+                with broker_failures_suppressed():
                     await channel.basic_cancel(tag)
 
     def _drop_channel(self, channel: AbstractChannel) -> None:
-        """Forget buffered deliveries of a dead channel: their tags cannot be acked elsewhere."""
-        dropped = self._collector.drop(lambda p: getattr(p.delivery, "channel", None) is channel)
+        """Forget a dead channel's deliveries, buffered or in batches that wait for a worker:
+        their tags cannot be acked elsewhere, and the broker redelivers them to the next
+        channel. Left queued, each reconnect during a database outage would add a prefetch
+        window to the queue (batches a worker already holds are settled by it as dropped)."""
+
+        def dead(p: Pending) -> bool:
+            return getattr(p.delivery, "channel", None) is channel
+
+        dropped = len(self._collector.drop(dead)) + self._drop_queued(dead)
         if dropped:
-            self.metrics.messages_dropped.inc(len(dropped))
-            self.metrics.buffer_messages.dec(len(dropped))
-            log.info("dropped %d buffered deliveries of the closed channel", len(dropped))
+            self.metrics.messages_dropped.inc(dropped)
+            self.metrics.buffer_messages.dec(dropped)
+            log.info("dropped %d held deliveries of the closed channel", dropped)
         if self._channel is channel:
             self._channel = None
             self._consumer_tag = None
@@ -315,12 +341,61 @@ class Recorder:
     def _enqueue(self, batch: list[Pending], reason: str) -> None:
         self._batches.put_nowait((batch, reason))
 
+    def _drop_queued(self, dead: Callable[[Pending], bool]) -> int:
+        """Remove the matching deliveries from the queued batches; returns how many."""
+        queued: list[Batch] = []
+        while not self._batches.empty():
+            queued.append(self._batches.get_nowait())
+        dropped = 0
+        for batch, reason in queued:
+            live = [p for p in batch if not dead(p)]
+            dropped += len(batch) - len(live)
+            if live:
+                self._batches.put_nowait((live, reason))
+        for _ in queued:  # after the puts: join() never sees an empty queue on the way
+            self._batches.task_done()
+        return dropped
+
+    def _start_worker(self, slot: int) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._flush_worker(), name=f"flush-worker-{slot}")
+        task.add_done_callback(functools.partial(self._worker_ended, slot))
+        return task
+
+    def _worker_ended(self, slot: int, task: asyncio.Task[None]) -> None:
+        """A flush worker ended outside shutdown: log why and start another in its slot."""
+        if self._stopping:
+            return
+        cause = "cancelled" if task.cancelled() else repr(task.exception())
+        log.error(
+            "flush worker %d ended unexpectedly (%s); a new one starts in %.0f s",
+            slot,
+            cause,
+            WORKER_RESTART_DELAY_S,
+            exc_info=None if task.cancelled() else task.exception(),
+        )
+        asyncio.get_running_loop().call_later(
+            WORKER_RESTART_DELAY_S, self._restart_worker, slot, task
+        )
+
+    def _restart_worker(self, slot: int, ended: asyncio.Task[None]) -> None:
+        if self._stopping or self._workers[slot] is not ended:
+            return
+        self._workers[slot] = self._start_worker(slot)
+        self._worker_restarts += 1
+        log.warning("flush worker %d restarted", slot)
+
     async def _flush_worker(self) -> None:
         assert self._flusher is not None
         while True:
             batch, reason = await self._batches.get()
             try:
                 await self._flusher.process(batch, reason)
+            except asyncio.CancelledError:
+                if cancel_requested():
+                    raise
+                # a future of a connection aiormq gave up: the broker redelivers the batch
+                log.warning("flush ended by a lost broker connection; releasing its deliveries")
+                await asyncio.shield(self._release(batch))
             except Exception:
                 log.exception("flush failed unexpectedly; releasing its deliveries for redelivery")
                 await asyncio.shield(self._release(batch))
@@ -375,17 +450,12 @@ class Recorder:
         self._flusher.recovered()
         log.info("database is back: intake resumed")
         self._intake.set()
-        with contextlib.suppress(*BROKER_ERRORS):
+        with broker_failures_suppressed():
             await self._start_consuming()
 
     # -- shutdown -------------------------------------------------------------------------
 
-    async def _shutdown(
-        self,
-        workers: list[asyncio.Task[None]],
-        publisher: asyncio.Task[None],
-        publisher_stop: asyncio.Event,
-    ) -> None:
+    async def _shutdown(self, publisher: asyncio.Task[None], publisher_stop: asyncio.Event) -> None:
         """Stop intake, flush what is buffered (bounded), settle it, then close in order.
 
         A batch that meets an outage now, and a dead letter still held, are released at once
@@ -393,6 +463,7 @@ class Recorder:
         one of their deliveries. The publishing connection closes last.
         """
         self._stopping = True
+        workers = self._workers
         started = time.monotonic()
         await self._stop_consuming()
         self._collector.flush("shutdown")
@@ -426,7 +497,7 @@ class Recorder:
         self._collector.close()
         connection = self._connection
         if connection is not None:
-            with contextlib.suppress(*BROKER_ERRORS):
+            with broker_failures_suppressed():
                 await asyncio.wait_for(connection.close(), 10)
         publisher_stop.set()
         try:

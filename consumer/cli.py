@@ -15,13 +15,24 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from bulk_recorder.logs import setup_logging
+from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
+from consumer.reach import Unreachable, check_services
 from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
 
+EXIT_UNREACHABLE = 1
 EXIT_SETTINGS = 2
 EXIT_TOPOLOGY = 3
+
+# What each one-shot command must reach before it starts; long-running commands retry instead.
+ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
+    "migrate": ("database",),
+    "publish": ("broker",),
+    "dlq": ("broker",),
+    "demo": ("database", "broker"),
+}
 
 T = TypeVar("T")
 
@@ -214,7 +225,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bulk-recorder: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
     setup_logging(settings.log_level, settings.log_format)
-    return COMMANDS[args.command](settings, args)
+    needs = ONE_SHOT_NEEDS.get(args.command)
+    if needs is not None:
+        try:
+            run_async(
+                check_services(
+                    database_url=settings.database_url if "database" in needs else None,
+                    rabbitmq_url=settings.rabbitmq_url if "broker" in needs else None,
+                )
+            )
+        except Unreachable as exc:
+            print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+    try:
+        return COMMANDS[args.command](settings.for_role(args.command), args)
+    except PortUnavailable as exc:
+        print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
+        return EXIT_SETTINGS
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,6 +20,12 @@ the broker has routed and confirmed the copy:
   dead-letters the message itself, which drops it if the DLQ refuses (at-most-once
   dead-lettering). A republished copy starts with no deliveries spent. Only when the broker
   refuses the copy too is the delivery nacked (requeue), which spends one delivery.
+
+A connection that aiormq gives up (no frame within its heartbeat grace) fails every pending
+confirm and RPC with ``CancelledError``. That is a broker failure, not a request to stop the
+task that waited: :func:`bulk_recorder.broker.cancel_requested` tells the two apart, and every
+call here turns the former into "not settled" (False) while a real cancellation still
+propagates.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import aiormq
 from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
 from pamqp import commands as spec
 
+from bulk_recorder.broker import cancel_requested
 from bulk_recorder.flusher import Backoff, DeadLetterResult, Delivery
 from consumer.publisher import Publisher
 
@@ -98,7 +105,10 @@ class DeadLetterer:
         retries = headers.get(RETRIES_HEADER, 0)
         headers[RETRIES_HEADER] = (retries if isinstance(retries, int) else 0) + 1
         return await self._publisher.publish(
-            message.body, _properties(message, headers), exchange="", routing_key=self._queue
+            message.body,
+            _properties(message, headers),
+            exchange="",
+            routing_key=self._queue,
         )
 
 
@@ -156,23 +166,17 @@ class AmqpDelivery:
         return not self._channel.is_closed
 
     async def ack(self) -> bool:
-        """Queue one basic.ack for this delivery (never ``multiple``).
+        """Queue one basic.ack for this delivery (never ``multiple``), as :func:`ack_each` does.
 
-        ``wait=False`` hands the frame to the connection's writer without waiting a loop turn
-        for it to be written: a batch's acks go out together instead of one round trip each.
-        If the connection dies before the frame is written, the broker redelivers the message
-        and the idempotent insert absorbs it.
+        The frame is handed to the connection's writer without waiting for it to be written.
+        If the connection dies before that, the broker redelivers the message and the
+        idempotent insert absorbs it.
         """
         return await self._ack()
 
     async def _ack(self) -> bool:
-        if self._channel.is_closed:
-            return False
-        try:
-            await self._channel.basic_ack(self.tag, wait=False)
-        except _CHANNEL_GONE:
-            return False
-        return True
+        """The ack after a published copy (a dead letter, a release): not a committed row."""
+        return await _write_acks(self._channel, [self.tag])
 
     async def reject(self) -> bool:
         if self._channel.is_closed:
@@ -180,6 +184,10 @@ class AmqpDelivery:
         try:
             await self._channel.basic_reject(self.tag, requeue=True)
         except _CHANNEL_GONE:
+            return False
+        except asyncio.CancelledError:  # the frame's drain future of a connection given up
+            if cancel_requested():
+                raise
             return False
         return True
 
@@ -197,6 +205,10 @@ class AmqpDelivery:
         try:
             await self._channel.basic_nack(self.tag, requeue=True)
         except _CHANNEL_GONE:
+            return False
+        except asyncio.CancelledError:  # the frame's drain future of a connection given up
+            if cancel_requested():
+                raise
             return False
         return True
 
@@ -234,8 +246,8 @@ async def ack_each(deliveries: Sequence[Delivery]) -> int:
 
     Awaiting ``basic_ack`` per delivery costs a queue put and a frame write each; a batch's
     ack frames marshalled together reach the socket in one write (the broker still sees one
-    Basic.Ack per delivery tag). Returns how many were acked; deliveries of a closed channel
-    are skipped: their tags mean nothing elsewhere and the broker redelivers them.
+    Basic.Ack per delivery tag). Returns how many were handed to the writer; deliveries of a
+    closed channel are skipped: their tags mean nothing elsewhere and the broker redelivers them.
     """
     groups: dict[int, tuple[AbstractChannel, list[int]]] = {}
     for delivery in deliveries:
@@ -247,14 +259,69 @@ async def ack_each(deliveries: Sequence[Delivery]) -> int:
         group[1].append(delivery.tag)
     acked = 0
     for channel, tags in groups.values():
-        if channel.is_closed or channel.number is None:
-            continue
-        frame = ChannelFrame.marshall(
-            channel.number, [spec.Basic.Ack(delivery_tag=t) for t in tags]
-        )
-        try:
-            await channel.connection.write_queue.put(frame)
-        except _CHANNEL_GONE:
-            continue
-        acked += len(tags)
+        if await _write_acks(channel, tags):
+            acked += len(tags)
     return acked
+
+
+# -- the lean path's writes into aiormq ------------------------------------------------------
+# aiormq's basic_ack refuses a channel that is closed or closing; the lean path writes its ack
+# frames into the connection's write queue itself, so it must make the same check, and make it
+# when the connection's writer takes the frames, not when they are queued: a put can wait for
+# room while the broker's Channel.Close arrives. A Basic.Ack that reaches the broker after the
+# channel's Close/Close-Ok makes it close the whole connection (504 CHANNEL_ERROR "expected
+# 'channel.open'"), and one on a channel number that a new channel took would ack another
+# delivery. tests/faults/test_lean_acks.py makes the first happen.
+
+
+def _channel_closing(channel: AbstractChannel) -> bool:
+    """The channel is closed or closing: no frame of ours may be written on its number now.
+
+    Closing starts when the broker's Channel.Close or Close-Ok arrives (the connection's reader
+    then frees the number: ``channels`` no longer maps it to this channel) or when aiormq sends
+    a Channel.Close itself after a failed RPC (its private close event, the flag its own
+    basic_ack checks).
+    """
+    return (
+        channel.is_closed
+        or channel.connection.channels.get(channel.number) is not channel
+        or getattr(channel, "_Channel__close_event").is_set()  # noqa: B009 (a private name)
+    )
+
+
+class _AckFrames:
+    """Basic.Ack frames for aiormq's connection writer, dropped if their channel began closing
+    before the writer takes them. The writer uses ``payload``, ``should_close``,
+    ``should_drain`` and ``drain()`` of what it takes from ``write_queue`` (aiormq 7's
+    ``ChannelFrame`` interface); the check runs in ``payload``, read just before the write."""
+
+    __slots__ = ("_channel", "_payload")
+
+    should_close = False
+    should_drain = False
+
+    def __init__(self, channel: AbstractChannel, tags: Sequence[int]) -> None:
+        self._channel = channel
+        frames = [spec.Basic.Ack(delivery_tag=t) for t in tags]
+        self._payload = ChannelFrame.marshall(channel.number, frames).payload
+
+    @property
+    def payload(self) -> bytes:
+        if _channel_closing(self._channel):
+            log.debug("acks for channel %s dropped: the channel is closing", self._channel.number)
+            return b""
+        return self._payload
+
+    def drain(self) -> None:
+        return None
+
+
+async def _write_acks(channel: AbstractChannel, tags: Sequence[int]) -> bool:
+    """Queue one Basic.Ack per tag on ``channel``; False if the channel is closed or closing."""
+    if _channel_closing(channel):
+        return False
+    try:
+        await channel.connection.write_queue.put(_AckFrames(channel, tags))
+    except _CHANNEL_GONE:
+        return False
+    return True

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import aio_pika
 import asyncpg
 
+from bulk_recorder.broker import BrokerNodes
 from bulk_recorder.loadgen import Generator, LoadReport, LoadSpec, publish_load
 from bulk_recorder.migrate import migrate
 from consumer.topology import Topology, declare_topology
@@ -77,7 +77,7 @@ def _metric_labelled(text: str, name: str, label: str) -> float:
 
 
 async def _dlq_ready(url: str, topology: Topology) -> int:
-    connection = await aio_pika.connect(url)
+    connection = await BrokerNodes.from_setting(url).connect()
     try:
         channel = await connection.channel()
         queue = await channel.declare_queue(topology.dead_letter_queue, passive=True)
@@ -115,7 +115,7 @@ async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int
     print(f"bulk-recorder demo: {count:,} records through {topology.queue} into PostgreSQL")
     applied = await migrate(settings.database_url)
     print(f"schema ready ({', '.join(applied) or 'up to date'})")
-    connection = await aio_pika.connect(settings.rabbitmq_url)
+    connection = await BrokerNodes.from_setting(settings.rabbitmq_url).connect()
     try:
         await declare_topology(await connection.channel(), topology)
     finally:

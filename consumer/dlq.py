@@ -31,7 +31,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
-from bulk_recorder.broker import BROKER_ERRORS
+from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes, endpoint, split_urls
 from consumer.delivery import ERROR_HEADER
 from consumer.topology import Topology, declare_topology
 from settings import Settings
@@ -133,9 +133,10 @@ async def _open_dlq(
 
 async def _connect(settings: Settings) -> aio_pika.abc.AbstractConnection | None:
     try:
-        return await aio_pika.connect(settings.rabbitmq_url, timeout=10)
+        return await BrokerNodes.from_setting(settings.rabbitmq_url).connect()
     except BROKER_ERRORS as exc:
-        print(f"bulk-recorder dlq: cannot reach the broker: {exc}", file=sys.stderr)
+        where = ", ".join(endpoint(url) for url in split_urls(settings.rabbitmq_url))
+        print(f"bulk-recorder dlq: cannot reach RabbitMQ at {where}: {exc}", file=sys.stderr)
         return None
 
 

@@ -7,12 +7,26 @@ needs three fixed GET routes, not a web framework.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
+
+
+class PortUnavailable(Exception):
+    """A listening port cannot be had: the message names the setting, the port and why."""
+
+    def __init__(self, variable: str, host: str, port: int, exc: OSError) -> None:
+        why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc})"
+        super().__init__(
+            f"{variable}: port {port} on {host} {why}; set {variable} to a free port"
+            + (" (0 disables it)" if variable == "METRICS_PORT" else "")
+        )
+        self.variable = variable
+        self.port = port
 
 
 class HealthServer:
@@ -36,7 +50,11 @@ class HealthServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        """Listen; raises :class:`PortUnavailable` naming METRICS_PORT when that fails."""
+        try:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        except OSError as exc:
+            raise PortUnavailable("METRICS_PORT", self._host, self._port, exc) from None
         log.info("metrics and health on http://%s:%d/metrics", self._host, self.port)
 
     async def stop(self) -> None:

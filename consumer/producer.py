@@ -13,10 +13,12 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import sys
 
 from aio_pika.abc import AbstractChannel
 
+from consumer.health import PortUnavailable
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,15 +43,38 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(settings.bulk_recorder_shutdown_timeout_s),
     )
     server = uvicorn.Server(config)
+    # Bound here, before uvicorn starts: a taken port is one line naming API_PORT and exit 2
+    # (uvicorn would log the OSError and exit 1).
+    listener = bind_listener("API_PORT", settings.api_host, settings.api_port)
     # uvicorn re-raises the signal that stopped it once it has shut down; a graceful stop on
     # SIGTERM is a clean exit here (status 0), as for `consume` and `relay`.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _ignore)
-    run_async(server.serve())
+    run_async(server.serve(sockets=[listener]))
     if not server.started:
         log.error("the API did not start (see the errors above)")
         return 1
     return 0
+
+
+def bind_listener(variable: str, host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; :class:`PortUnavailable` names ``variable``."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise PortUnavailable(variable, host, port, exc) from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise PortUnavailable(variable, host, port, exc) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _ignore(signum: int, frame: object) -> None:

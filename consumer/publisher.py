@@ -16,7 +16,6 @@ publish that the caller may retry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 
@@ -25,7 +24,12 @@ import aiormq
 from aiormq.abc import AbstractChannel
 from pamqp import commands as spec
 
-from bulk_recorder.broker import BROKER_ERRORS
+from bulk_recorder.broker import (
+    BROKER_ERRORS,
+    BrokerNodes,
+    broker_failures_suppressed,
+    cancel_requested,
+)
 from bulk_recorder.db import wait_or_stop
 from bulk_recorder.flusher import Backoff
 from consumer.topology import Topology, declare_topology
@@ -40,7 +44,7 @@ class Publisher:
     """Mandatory, confirmed publishes on a connection of their own, reconnected after any loss."""
 
     def __init__(self, url: str, topology: Topology, *, confirm_timeout_s: float) -> None:
-        self._url = url
+        self._nodes = BrokerNodes.from_setting(url)  # one URL, or one per cluster node
         self._topology = topology
         self.confirm_timeout_s = confirm_timeout_s
         self._connection: aio_pika.abc.AbstractConnection | None = None
@@ -66,7 +70,7 @@ class Publisher:
         while not stop.is_set():
             connection: aio_pika.abc.AbstractConnection | None = None
             try:
-                connection = await aio_pika.connect(self._url, timeout=10)
+                connection = await self._nodes.connect(wait_s=10)
                 await self._declare(connection)
                 channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
                 underlay = await channel.get_underlay_channel()
@@ -80,9 +84,9 @@ class Publisher:
             except BROKER_ERRORS as exc:
                 log.warning("publishing connection failed: %r", exc)
             except asyncio.CancelledError:
-                if _cancelled_from_outside():
+                if cancel_requested():
                     raise
-                log.warning("publishing connection lost (a pending call was cancelled)")
+                log.warning("publishing connection given up (no frame within the heartbeat grace)")
             except Exception:  # a surprise from the client library must not end the service
                 log.exception("unexpected error on the publishing connection; reconnecting")
             finally:
@@ -91,7 +95,7 @@ class Publisher:
                 if self._redeclare is not None:
                     self._redeclare.cancel()
                 if connection is not None:
-                    with contextlib.suppress(*BROKER_ERRORS):
+                    with broker_failures_suppressed():
                         await asyncio.wait_for(connection.close(), 10)
             if stop.is_set():
                 break
@@ -153,8 +157,8 @@ class Publisher:
         except TimeoutError:
             return f"no confirm within {self.confirm_timeout_s:g} s"
         except asyncio.CancelledError:
-            # aiormq cancels the pending confirms of a channel that closes under them
-            if _cancelled_from_outside():
+            # aiormq cancels the pending confirms of a connection it gives up
+            if cancel_requested():
                 raise
             return "the publishing connection was lost"
         except BROKER_ERRORS as exc:
@@ -179,10 +183,14 @@ class Publisher:
             try:
                 await declare_topology(channel, self._topology)
             finally:
-                with contextlib.suppress(*BROKER_ERRORS):
+                with broker_failures_suppressed():
                     await channel.close()
         except BROKER_ERRORS as exc:
             log.warning("declaring the topology from the publishing connection failed: %r", exc)
+        except asyncio.CancelledError:
+            if cancel_requested():
+                raise
+            log.warning("declaring the topology failed: the connection was given up")
         except Exception:  # a surprise from the client library: the next return tries again
             log.exception("unexpected error declaring the topology from the publishing connection")
 
@@ -197,11 +205,6 @@ async def _until_closed(
     finally:
         for fut in (closed, stopped):
             fut.cancel()
-
-
-def _cancelled_from_outside() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _reply_text(exc: aiormq.exceptions.DeliveryError) -> str:

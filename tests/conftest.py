@@ -11,9 +11,11 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -300,6 +302,9 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
     """Environment for a ``bulk-recorder`` subprocess running with these settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "BULK_RECORDER_"))}
     for name, value in settings.model_dump().items():
+        if value is None:  # unset: the command's own default (e.g. METRICS_PORT per role)
+            env.pop(name.upper(), None)
+            continue
         env[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     env.update(extra)
     return env
@@ -309,3 +314,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``bulk-recorder ARGS`` (as ``python -m consumer.cli``) in a child process, to the end."""
+    return subprocess.run(
+        [sys.executable, "-m", "consumer.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

@@ -67,6 +67,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """The environment variables that reproduce ``settings`` in a child process."""
     env = {k: v for k, v in os.environ.items() if k not in _setting_names()}
     for name, value in settings.model_dump().items():
+        if value is None:  # unset: the command's own default (e.g. METRICS_PORT per role)
+            env.pop(name.upper(), None)
+            continue
         env[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     env["PYTHONUNBUFFERED"] = "1"
     return env

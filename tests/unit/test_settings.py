@@ -19,7 +19,6 @@ CONTRACT_DEFAULTS = {
     "BULK_RECORDER_SIZE": 0,
     "BULK_RECORDER_FLUSH_TIMEOUT_MS": 100,
     "BULK_RECORDER_MAX_ROWS_PER_INSERT": 1000,
-    "METRICS_PORT": 9464,
     "API_HOST": "127.0.0.1",
     "API_PORT": 8080,
     "LOG_LEVEL": "INFO",
@@ -29,7 +28,7 @@ CONTRACT_DEFAULTS = {
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in CONTRACT_DEFAULTS:
+    for name in (*CONTRACT_DEFAULTS, "METRICS_PORT"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -38,6 +37,16 @@ def test_contract_defaults(clean_env: pytest.MonkeyPatch) -> None:
     settings = load_settings()
     for name, value in CONTRACT_DEFAULTS.items():
         assert getattr(settings, name.lower()) == value, name
+
+
+def test_each_role_has_its_own_default_metrics_port(clean_env: pytest.MonkeyPatch) -> None:
+    s = load_settings()
+    assert s.metrics_port is None
+    assert s.for_role("consume").metrics_port == 9464  # the contract's default for the recorder
+    assert s.for_role("relay").metrics_port == 9465
+    assert s.for_role("migrate").metrics_port == 0  # one-shot commands listen on nothing
+    clean_env.setenv("METRICS_PORT", "9500")
+    assert load_settings().for_role("relay").metrics_port == 9500  # a set value wins
 
 
 def test_derived_defaults(clean_env: pytest.MonkeyPatch) -> None:
@@ -110,3 +119,36 @@ def test_settings_are_immutable() -> None:
     s = Settings()
     with pytest.raises(ValueError, match="frozen"):
         s.metrics_port = 1  # type: ignore[misc]
+
+
+def test_rabbitmq_url_takes_a_list_of_nodes(clean_env: pytest.MonkeyPatch) -> None:
+    nodes = "amqp://u:p@10.0.0.1:5672/, amqp://u:p@10.0.0.2:5672/,amqps://u:p@10.0.0.3:5671/v"
+    clean_env.setenv("RABBITMQ_URL", nodes)
+    s = load_settings()
+    assert s.rabbitmq_url.split(",") == [
+        "amqp://u:p@10.0.0.1:5672/",
+        "amqp://u:p@10.0.0.2:5672/",
+        "amqps://u:p@10.0.0.3:5671/v",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("amqp://a:5672/,", "entry 2 of 2 is empty"),
+        ("amqp://a:5672/,http://b:5672/", "entry 2 of 2 does not start with amqp://"),
+        ("amqp://g:secret@a:5672/,amqp://g:secret@:5672/", "entry 2 of 2 has no host"),
+        ("amqp://g:secret@a:99999/", "the URL cannot be parsed"),
+        ("amqp://g:secret@a:5672/;amqp://b:5672/", "holds more than one URL"),
+    ],
+)
+def test_a_malformed_node_list_names_rabbitmq_url_and_hides_passwords(
+    clean_env: pytest.MonkeyPatch, value: str, expected: str
+) -> None:
+    clean_env.setenv("RABBITMQ_URL", value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith("invalid settings: RABBITMQ_URL:"), message
+    assert expected in message, message
+    assert "secret" not in message, message

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiormq
@@ -86,7 +86,9 @@ class DeadLetterer:
             return True
         return False
 
-    async def dead_letter(self, message: DeliveredMessage, reason: str) -> str | None:
+    async def dead_letter(
+        self, message: DeliveredMessage, reason: str, wanted: Callable[[], bool]
+    ) -> str | None:
         """Publish the DLQ copy; None once routed and confirmed, else why not."""
         headers = _origin(message)
         headers[ERROR_HEADER] = reason[:500]
@@ -96,9 +98,10 @@ class DeadLetterer:
             _properties(message, headers),
             exchange=self._dead_letter_exchange,
             routing_key=routing_key,
+            wanted=wanted,
         )
 
-    async def requeue(self, message: DeliveredMessage) -> str | None:
+    async def requeue(self, message: DeliveredMessage, wanted: Callable[[], bool]) -> str | None:
         """Publish a copy back to the queue; None once routed and confirmed, else why not."""
         headers = _origin(message)
         headers.pop(DELIVERY_COUNT_HEADER, None)
@@ -109,6 +112,7 @@ class DeadLetterer:
             _properties(message, headers),
             exchange="",
             routing_key=self._queue,
+            wanted=wanted,
         )
 
 
@@ -196,11 +200,13 @@ class AmqpDelivery:
         refuses the copy, a nack with requeue, which spends one."""
         if self._channel.is_closed:
             return False
-        failure = await self._dead_letterer.requeue(self._message)
+        failure = await self._dead_letterer.requeue(self._message, self.alive)
         if failure is None:
             # if this ack is lost with the channel, the original comes back as well as the
             # copy: the idempotent insert (or the at-least-once DLQ) absorbs the second one
             return await self._ack()
+        if self._channel.is_closed:
+            return False  # the broker returns it with its channel anyway
         log.warning("republishing a released delivery failed (%s): nacking it instead", failure)
         try:
             await self._channel.basic_nack(self.tag, requeue=True)
@@ -218,11 +224,13 @@ class AmqpDelivery:
         deadline = loop.time() + dead_letterer.hold_s
         attempt = 0
         while not self._channel.is_closed:
-            failure = await dead_letterer.dead_letter(self._message, reason)
+            failure = await dead_letterer.dead_letter(self._message, reason, self.alive)
             if failure is None:
                 if await self._ack():
                     return DeadLetterResult.DEAD_LETTERED
                 return DeadLetterResult.DROPPED
+            if self._channel.is_closed:
+                break
             left = deadline - loop.time()
             if attempt == 0:
                 log.warning("dead-letter publish failed (%s): holding the message", failure)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 
 import aio_pika
 import aiormq
@@ -103,9 +104,19 @@ class Publisher:
             attempt += 1
 
     async def publish(
-        self, body: bytes, properties: spec.Basic.Properties, *, exchange: str, routing_key: str
+        self,
+        body: bytes,
+        properties: spec.Basic.Properties,
+        *,
+        exchange: str,
+        routing_key: str,
+        wanted: Callable[[], bool] | None = None,
     ) -> str | None:
-        """Publish and wait until routed and confirmed. Returns None, or why it failed."""
+        """Publish and wait until routed and confirmed. Returns None, or why it failed.
+
+        ``wanted`` is asked once the connection is there, just before the publish: a copy of a
+        delivery whose channel closed meanwhile would only be a second one (the broker
+        redelivers the original)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.confirm_timeout_s
         if properties.message_id is None:
@@ -118,7 +129,7 @@ class Publisher:
         done: asyncio.Future[None] = loop.create_future()
         self._in_flight[message_id] = done
         try:
-            return await self._publish(body, properties, exchange, routing_key, deadline)
+            return await self._publish(body, properties, exchange, routing_key, deadline, wanted)
         finally:
             del self._in_flight[message_id]
             done.set_result(None)
@@ -130,6 +141,7 @@ class Publisher:
         exchange: str,
         routing_key: str,
         deadline: float,
+        wanted: Callable[[], bool] | None,
     ) -> str | None:
         loop = asyncio.get_running_loop()
         try:
@@ -141,6 +153,8 @@ class Publisher:
                 # a connection the broker blocked (memory or disk alarm) would queue the frame
                 # and send it whenever the alarm clears: wait here instead, within the deadline
                 await channel.connection.ready()
+                if wanted is not None and not wanted():
+                    return "no longer wanted"
                 await channel.basic_publish(
                     body,
                     exchange=exchange,

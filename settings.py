@@ -88,8 +88,20 @@ class Settings(BaseSettings):
         gt=0,
         le=1_500,
         description=(
-            "During a database outage, buffered deliveries are released (nack, requeue) after "
-            "this long; must stay well under the broker's consumer timeout (30 min by default)."
+            "During a database outage, or while the dead-letter queue refuses a message, held "
+            "deliveries are released after this long (a copy republished to the queue, then the "
+            "delivery acked, so no delivery is spent); must stay well under the broker's "
+            "consumer timeout (30 min by default)."
+        ),
+    )
+    bulk_recorder_confirm_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        le=600,
+        description=(
+            "How long the recorder waits for the broker to route and confirm a message it "
+            "publishes (a dead letter, a released delivery); past it the publish counts as "
+            "failed and is retried."
         ),
     )
     bulk_recorder_shutdown_timeout_s: float = Field(

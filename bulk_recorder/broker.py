@@ -8,9 +8,11 @@ way everywhere.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from urllib.parse import urlsplit
 
 import aio_pika
@@ -32,6 +34,33 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
     StopAsyncIteration,
     RuntimeError,
 )
+
+
+def cancel_requested() -> bool:
+    """True when the running task was asked to stop (``Task.cancel()``: shutdown, a caller).
+
+    Only ``Task.cancel()`` counts a request in ``Task.cancelling()`` (Python 3.11). aiormq fails
+    the futures of a connection it gives up with ``CancelledError`` set as their exception (and
+    cancels its own RPC tasks, not ours), which leaves the count at 0: a CancelledError seen
+    while this is False means "the broker is gone", and the caller must handle it as a broker
+    failure instead of ending.
+    """
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+@contextlib.contextmanager
+def broker_failures_suppressed() -> Iterator[None]:
+    """Suppress what a broker that is gone raises, ``CancelledError`` from aiormq included;
+    a real cancellation of the running task still propagates."""
+    try:
+        yield
+    except BROKER_ERRORS as exc:
+        log.debug("broker call failed: %r", exc)
+    except asyncio.CancelledError:
+        if cancel_requested():
+            raise
+        log.debug("broker call failed: the connection was given up")
 
 
 def split_urls(value: str) -> tuple[str, ...]:

@@ -7,13 +7,19 @@
   acked, only the offending rows are rejected (requeued, so their delivery count grows); on
   their last allowed delivery they are dead-lettered with the database's reason.
 - A transient failure (outage) is retried with capped exponential backoff and jitter; nothing
-  is rejected or dead-lettered. Past ``release_after_s`` the batch is released (nack, requeue)
-  so the broker's consumer timeout never fires, and the owner is told to pause intake.
+  is rejected or dead-lettered. Past ``release_after_s`` the batch is released so the broker's
+  consumer timeout never fires, and the owner is told to pause intake. A release must not spend
+  the message's delivery budget (quorum queues count every return toward their delivery limit):
+  see :meth:`Delivery.release`.
+- A dead letter that the DLQ cannot take yet is held in a task of its own, so that the flush
+  worker goes on with the next batch meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import logging
 import random
 import time
@@ -29,9 +35,17 @@ from bulk_recorder.writer import Writer, WriteResult
 log = logging.getLogger(__name__)
 
 
+class DeadLetterResult(enum.Enum):
+    """How :meth:`Delivery.dead_letter` settled a delivery."""
+
+    DEAD_LETTERED = "dead-lettered"  # routed to the DLQ and confirmed, then acked
+    RELEASED = "released"  # the DLQ refused it for too long: released for a later retry
+    DROPPED = "dropped"  # the delivery's channel is gone: the broker redelivers the message
+
+
 class Delivery(Protocol):
-    """One broker delivery as the flusher sees it. Each call returns False when the delivery's
-    channel is gone (its tag is then meaningless: the broker redelivers the message)."""
+    """One broker delivery as the flusher sees it. Each call returns False (or DROPPED) when the
+    delivery's channel is gone (its tag is then meaningless: the broker redelivers it)."""
 
     @property
     def delivery_count(self) -> int:
@@ -47,12 +61,35 @@ class Delivery(Protocol):
         ...
 
     async def release(self) -> bool:
-        """Nack with requeue: hand the message back without judging it."""
+        """Hand the message back without judging it and, where the broker lets us, without
+        spending one of its deliveries (a copy back to the queue, confirmed, then an ack)."""
         ...
 
-    async def dead_letter(self, reason: str) -> bool:
-        """Publish to the dead-letter exchange with the reason, then ack."""
+    async def dead_letter(self, reason: str) -> DeadLetterResult:
+        """Publish to the dead-letter exchange with the reason, then ack. While the DLQ cannot
+        take it, hold the delivery and retry; release it after a bounded wait."""
         ...
+
+
+async def release_all(deliveries: Sequence[Delivery], window: int = 200) -> int:
+    """Release every delivery, ``window`` at a time (each release waits for a broker confirm:
+    one after another they would take ~1 ms each). Returns how many were released; the rest
+    belonged to a closed channel."""
+    released = 0
+    for start in range(0, len(deliveries), window):
+        chunk = deliveries[start : start + window]
+        released += sum(await asyncio.gather(*(d.release() for d in chunk)))
+    return released
+
+
+def count_dead_letter(metrics: Metrics, result: DeadLetterResult, reason_class: str) -> None:
+    """One delivery settled by :meth:`Delivery.dead_letter`: exactly one counter moves."""
+    if result is DeadLetterResult.DEAD_LETTERED:
+        metrics.messages_dead_lettered.labels(reason=reason_class).inc()
+    elif result is DeadLetterResult.RELEASED:
+        metrics.messages_released.inc()
+    else:
+        metrics.messages_dropped.inc()
 
 
 @dataclass(slots=True)
@@ -111,10 +148,22 @@ class Flusher:
         self._on_release = on_release
         self._ack_many = ack_many
         self._outage_since: float | None = None
+        self._stop_retrying = asyncio.Event()
+        self._held: set[asyncio.Task[None]] = set()
 
     @property
     def in_outage(self) -> bool:
         return self._outage_since is not None
+
+    def stop_retrying(self) -> None:
+        """Shutting down: a batch that meets an outage is released at once instead of retried
+        (a delivery still held when the channel closes would spend one of its deliveries)."""
+        self._stop_retrying.set()
+
+    async def wait_held(self) -> None:
+        """Wait for the dead letters still held (each ends within its bounded wait)."""
+        while self._held:
+            await asyncio.gather(*self._held, return_exceptions=True)
 
     async def process(self, batch: list[Pending], reason: str) -> None:
         """Write one batch and settle every delivery in it. Never raises for data or outages."""
@@ -175,14 +224,25 @@ class Flusher:
                         len(records),
                     )
                     raise Released from exc
+                if self._stop_retrying.is_set():
+                    log.warning("stopping during an outage: releasing %d deliveries", len(records))
+                    raise Released from exc
                 self._metrics.db_retries.inc()
-                await asyncio.sleep(self._backoff.delay(attempt))
+                await self._pause(self._backoff.delay(attempt))
                 attempt += 1
                 continue
             if self._outage_since is not None:
                 log.info("database available again")
                 self.recovered()
             return result
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep between retries; a shutdown ends the sleep at once."""
+        if seconds <= 0 or self._stop_retrying.is_set():
+            await asyncio.sleep(0)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_retrying.wait(), seconds)
 
     def recovered(self) -> None:
         """Leave outage mode (a write or a probe succeeded)."""
@@ -206,25 +266,40 @@ class Flusher:
                 else:
                     dropped += 1
         metrics.messages_acked.inc(acked)
+        held = 0
         for p, reason in outcome.poison:
             delivery = p.delivery
             if delivery.delivery_count + 1 >= self._delivery_limit:
-                if await delivery.dead_letter(f"database refused the row: {reason}"):
-                    metrics.messages_dead_lettered.labels(reason="database").inc()
-                else:
-                    dropped += 1
+                self._hold(delivery, f"database refused the row: {reason}")
+                held += 1
             elif await delivery.reject():
                 metrics.messages_rejected.inc()
             else:
                 dropped += 1
-        for p in released:
-            if await p.delivery.release():
-                metrics.messages_released.inc()
-            else:
-                dropped += 1
+        if released:
+            count = await release_all([p.delivery for p in released])
+            metrics.messages_released.inc(count)
+            dropped += len(released) - count
         if dropped:
             self._dropped(dropped)
-        metrics.buffer_messages.dec(len(outcome.committed) + len(outcome.poison) + len(released))
+        settled = len(outcome.committed) + len(outcome.poison) - held + len(released)
+        metrics.buffer_messages.dec(settled)
+
+    def _hold(self, delivery: Delivery, reason: str) -> None:
+        """Dead-letter in a task of its own: a DLQ that refuses must not hold the flush worker."""
+        task = asyncio.create_task(self._dead_letter(delivery, reason))
+        self._held.add(task)
+        task.add_done_callback(self._held.discard)
+
+    async def _dead_letter(self, delivery: Delivery, reason: str) -> None:
+        try:
+            result = await delivery.dead_letter(reason)
+        except Exception:  # a bug below must not leave the gauge or the counters wrong
+            log.exception("dead-lettering a refused row failed unexpectedly")
+            result = DeadLetterResult.DROPPED
+        finally:
+            self._metrics.buffer_messages.dec()
+        count_dead_letter(self._metrics, result, "database")
 
     def _dropped(self, count: int) -> None:
         self._metrics.messages_dropped.inc(count)

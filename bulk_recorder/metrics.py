@@ -34,7 +34,9 @@ class Metrics:
         )
         self.messages_released = Counter(
             p + "messages_released",
-            "Deliveries released (nack with requeue) during a long database outage or shutdown.",
+            "Deliveries released during a long database outage, a shutdown, or while the DLQ "
+            "refused them: a copy republished to the queue, then an ack (a nack with requeue "
+            "only if the broker refused the copy too).",
             registry=r,
         )
         self.messages_dropped = Counter(

@@ -17,8 +17,10 @@ Each flush:
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import date
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -26,7 +28,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from bulk_recorder.errors import classify
-from bulk_recorder.records import CreditAnnotation, Record, Transaction
+from bulk_recorder.records import CreditAnnotation, Operation, Record, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +204,27 @@ class PgWriter:
             raise classify(exc) from exc
         return result
 
+    async def probe(self) -> None:
+        """Prove that the database takes our writes: the statements of a flush for one made-up
+        transaction and one annotation, in a transaction that is always rolled back.
+
+        ``SELECT 1`` passes on a database that accepts connections but refuses writes (a
+        read-only primary, SQLSTATE 25006; a revoked privilege; a trigger). This does not: it
+        touches every table a flush writes. Raises DataRejected or TransientDbError.
+        """
+        transaction, annotation = _probe_records()
+        try:
+            async with self._pool.acquire() as conn:
+                tx = conn.transaction()
+                await tx.start()
+                try:
+                    await self._write_transactions(conn, [transaction], WriteResult())
+                    await self._write_annotations(conn, [annotation], WriteResult())
+                finally:
+                    await tx.rollback()
+        except Exception as exc:  # the Writer contract, as in write()
+            raise classify(exc) from exc
+
     async def _write_transactions(
         self, conn: Connection, records: list[Record], result: WriteResult
     ) -> None:
@@ -317,6 +340,41 @@ class PgWriter:
             await conn.execute(
                 _RECORD_REPEATS, [job for job, _ in chunk], [ann for _, ann in chunk]
             )
+
+
+def _probe_records() -> tuple[Transaction, CreditAnnotation]:
+    """Fresh ids each time, so that the insert is new and its operations and balance run."""
+
+    def new_id() -> str:
+        return str(uuid.uuid4())
+
+    amount = Decimal(1)
+    debit = Operation(new_id(), new_id(), "DEBIT", amount, "XPR")
+    credit = Operation(new_id(), new_id(), "CREDIT", amount, "XPR")
+    transaction = Transaction(
+        new_id(),
+        new_id(),
+        new_id(),
+        "write probe, rolled back",
+        "APPROVED",
+        "XPR",
+        amount,
+        None,
+        None,
+        (debit, credit),
+    )
+    annotation = CreditAnnotation(
+        new_id(),
+        None,
+        "52998224725",
+        "CPF",
+        "RESTRICTION",
+        "write probe, rolled back",
+        amount,
+        date(2000, 1, 1),
+        None,
+    )
+    return transaction, annotation
 
 
 def balance_deltas(transactions: Sequence[Transaction]) -> dict[tuple[str, str], Decimal]:

@@ -1,10 +1,12 @@
 """The recorder's lifecycle: connect, consume, collect, flush, pause on outages, shut down in order.
 
 One aio-pika connection (re-established by :meth:`Recorder._broker_loop` after any loss) carries
-a consumer channel with QoS ``settings.channel_prefetch`` and a confirm channel for dead letters.
-Every delivery is decoded at once: an invalid one is dead-lettered with its reason and acked; a
-valid one goes into the single shared :class:`BulkCollector`. Finished batches are written by
-``RABBITMQ_NUMBERS_OF_WORKERS`` flush workers, each with its own database connection.
+the consumer channel with QoS ``settings.channel_prefetch``; it never publishes, so a broker
+alarm never blocks its acks. Dead letters and released deliveries are published on a second
+connection (:class:`consumer.publisher.Publisher`). Every delivery is decoded at once: an
+invalid one is dead-lettered with its reason and acked; a valid one goes into the single shared
+:class:`BulkCollector`. Finished batches are written by ``RABBITMQ_NUMBERS_OF_WORKERS`` flush
+workers, each with its own database connection.
 
 Every long-lived task (the broker loop, the flush workers, the pause task) outlives any failure
 of the broker it waits on, including the ``CancelledError`` that aiormq sets on every pending
@@ -15,26 +17,26 @@ worker that ends anyway is logged and replaced, and ``ready()`` is False while o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import aio_pika
 import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
-from bulk_recorder.broker import BROKER_ERRORS
+from bulk_recorder.broker import BROKER_ERRORS, broker_failures_suppressed, cancel_requested
 from bulk_recorder.collector import BulkCollector
 from bulk_recorder.db import open_pool_when_ready, wait_or_stop
-from bulk_recorder.flusher import Backoff, Flusher, Pending
+from bulk_recorder.flusher import Backoff, Flusher, Pending, count_dead_letter, release_all
 from bulk_recorder.metrics import Metrics
 from bulk_recorder.records import RecordError, decode
 from bulk_recorder.writer import PgWriter, rows_per_insert
-from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, cancel_requested
+from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
 from consumer.health import HealthServer
+from consumer.publisher import Publisher
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
@@ -76,10 +78,23 @@ class Recorder:
             settings.effective_batch_size, settings.flush_timeout_s, self._enqueue
         )
         self._pool: asyncpg.Pool | None = None
+        self._writer: PgWriter | None = None
         self._flusher: Flusher | None = None
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
-        self._dead_letterer: DeadLetterer | None = None
+        self._publisher = Publisher(
+            settings.rabbitmq_url,
+            self.topology,
+            confirm_timeout_s=settings.bulk_recorder_confirm_timeout_s,
+        )
+        self._dead_letterer = DeadLetterer(
+            self._publisher,
+            dead_letter_exchange=self.topology.dead_letter_exchange,
+            queue=self.topology.queue,
+            hold_s=settings.bulk_recorder_release_after_s,
+        )
+        # dead letters of invalid messages still being settled (held while the DLQ refuses)
+        self._settling: set[asyncio.Future[None]] = set()
         self._broker_ok = False
         self._db_ok = False
         self._intake = asyncio.Event()
@@ -137,12 +152,17 @@ class Recorder:
                 self.metrics.registry, self.ready, s.metrics_host, s.metrics_port
             )
             await self.health.start()
+        publisher_stop = asyncio.Event()
+        publisher = asyncio.create_task(self._publisher.run(publisher_stop), name="publisher")
         try:
             if not await self._connect_database(stop):
                 return
             assert self._pool is not None
+            self._writer = PgWriter(
+                self._pool, max_rows_per_insert=s.bulk_recorder_max_rows_per_insert
+            )
             self._flusher = Flusher(
-                PgWriter(self._pool, max_rows_per_insert=s.bulk_recorder_max_rows_per_insert),
+                self._writer,
                 self.metrics,
                 delivery_limit=s.rabbitmq_delivery_limit,
                 release_after_s=s.bulk_recorder_release_after_s,
@@ -154,7 +174,7 @@ class Recorder:
             self._workers = [self._start_worker(i) for i in range(s.rabbitmq_numbers_of_workers)]
             await self._broker_loop(stop)
         finally:
-            await self._shutdown()
+            await self._shutdown(publisher, publisher_stop)
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         """Migrate and open the pool, retrying while the database is not there yet."""
@@ -188,11 +208,7 @@ class Recorder:
                         f"{self.topology.dead_letter_exchange}; set RABBITMQ_DELIVERY_LIMIT to "
                         "the existing value, use another RABBITMQ_QUEUE, or delete the queue."
                     ) from None
-                dl_channel = await connection.channel(publisher_confirms=True)
-                dlx = await dl_channel.get_exchange(self.topology.dead_letter_exchange)
-                self._dead_letterer = DeadLetterer(dlx)
                 channel = await consume_channel.get_underlay_channel()
-                dead_letter_channel = await dl_channel.get_underlay_channel()
                 self._connection = connection
                 self._channel = channel
                 if connected_before:
@@ -201,7 +217,7 @@ class Recorder:
                 attempt = 0
                 self._broker_ok = True
                 log.info("consuming from %s", self.topology.queue)
-                await self._wait_and_consume(stop, connection, channel, dead_letter_channel)
+                await self._wait_and_consume(stop, connection, channel)
             except TopologyMismatch:
                 raise
             except BROKER_ERRORS as exc:
@@ -233,21 +249,14 @@ class Recorder:
         stop: asyncio.Event,
         connection: aio_pika.abc.AbstractConnection,
         channel: AbstractChannel,
-        dead_letter_channel: AbstractChannel,
     ) -> None:
-        """Consume (unless intake is paused); return on stop or when the connection dies.
-
-        Also when the dead-letter channel closes (a refused publish, e.g. its exchange was
-        deleted): without it every refused message would stay unacked; reconnecting declares
-        the topology again and the broker redelivers them.
-        """
+        """Consume (unless intake is paused); return on stop or when the connection dies."""
         await self._start_consuming()
         closed = asyncio.ensure_future(connection.closed())
         stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait(
-                {closed, channel.closing, dead_letter_channel.closing, stopped},
-                return_when=asyncio.FIRST_COMPLETED,
+                {closed, channel.closing, stopped}, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             for fut in (closed, stopped):
@@ -300,10 +309,7 @@ class Recorder:
         metrics = self.metrics
         metrics.messages_received.inc()
         metrics.buffer_messages.inc()
-        channel = message.channel
-        dead_letterer = self._dead_letterer
-        assert dead_letterer is not None
-        delivery = AmqpDelivery(channel, message, dead_letterer)
+        delivery = AmqpDelivery(message.channel, message, self._dead_letterer)
         try:
             record = decode(
                 message.body,
@@ -318,18 +324,19 @@ class Recorder:
     async def _dead_letter_invalid(self, delivery: AmqpDelivery, reason: str) -> None:
         log.info("dead-lettering an invalid message: %s", reason)
         # Shielded with its accounting: aiormq cancels this consumer task when the channel
-        # closes, and the outcome must still land in exactly one counter.
-        await asyncio.shield(self._settle_invalid(delivery, reason))
+        # closes, and the outcome must still land in exactly one counter. Tracked, so that a
+        # shutdown waits for the ones still held.
+        settle = asyncio.ensure_future(self._settle_invalid(delivery, reason))
+        self._settling.add(settle)
+        settle.add_done_callback(self._settling.discard)
+        await asyncio.shield(settle)
 
     async def _settle_invalid(self, delivery: AmqpDelivery, reason: str) -> None:
         try:
-            ok = await delivery.dead_letter(reason)
+            result = await delivery.dead_letter(reason)
         finally:
             self.metrics.buffer_messages.dec()
-        if ok:
-            self.metrics.messages_dead_lettered.labels(reason=dead_letter_class(reason)).inc()
-        else:
-            self.metrics.messages_dropped.inc()
+        count_dead_letter(self.metrics, result, dead_letter_class(reason))
 
     def _enqueue(self, batch: list[Pending], reason: str) -> None:
         self._batches.put_nowait((batch, reason))
@@ -396,12 +403,11 @@ class Recorder:
                 self._batches.task_done()
 
     async def _release(self, held: list[Pending]) -> None:
-        """Hand deliveries back to the broker (nack, requeue) and stop counting them as held."""
-        for pending in held:
-            if await pending.delivery.release():
-                self.metrics.messages_released.inc()
-            else:
-                self.metrics.messages_dropped.inc()
+        """Hand deliveries back to the broker (see AmqpDelivery.release) and stop counting
+        them as held."""
+        released = await release_all([pending.delivery for pending in held])
+        self.metrics.messages_released.inc(released)
+        self.metrics.messages_dropped.inc(len(held) - released)
         self.metrics.buffer_messages.dec(len(held))
 
     # -- outages --------------------------------------------------------------------------
@@ -411,6 +417,8 @@ class Recorder:
 
     async def _on_release(self) -> None:
         """A batch was released after a long outage: pause intake until the database is back."""
+        if self._stopping:
+            return
         if self._pause_task is None or self._pause_task.done():
             self._pause_task = asyncio.create_task(self._pause_until_database_returns())
 
@@ -426,14 +434,15 @@ class Recorder:
         await self._release(held)
         backoff = Backoff(base_s=0.2, cap_s=5.0)
         attempt = 0
-        assert self._pool is not None
+        assert self._writer is not None
         assert self._flusher is not None
         while not self._stopping:
             await asyncio.sleep(backoff.delay(attempt))
             attempt += 1
             try:
-                async with self._pool.acquire(timeout=5) as conn:
-                    await conn.execute("SELECT 1")
+                # a real write, rolled back: `SELECT 1` passes on a database that accepts
+                # connections but refuses writes (read-only, disk full, a revoked privilege)
+                await self._writer.probe()
             except Exception as exc:  # any failed probe means "not back yet", whatever its type
                 log.debug("database probe failed: %r", exc)
                 continue
@@ -446,22 +455,39 @@ class Recorder:
 
     # -- shutdown -------------------------------------------------------------------------
 
-    async def _shutdown(self) -> None:
-        """Stop intake, flush what is buffered (bounded), settle it, then close in order."""
+    async def _shutdown(self, publisher: asyncio.Task[None], publisher_stop: asyncio.Event) -> None:
+        """Stop intake, flush what is buffered (bounded), settle it, then close in order.
+
+        A batch that meets an outage now, and a dead letter still held, are released at once
+        (republished, then acked) rather than left to the channel's close, which would spend
+        one of their deliveries. The publishing connection closes last.
+        """
         self._stopping = True
         workers = self._workers
         started = time.monotonic()
         await self._stop_consuming()
         self._collector.flush("shutdown")
+        self._dead_letterer.stop_holding()
+        if self._flusher is not None:
+            self._flusher.stop_retrying()
+        timeout = self.settings.bulk_recorder_shutdown_timeout_s
         if workers:
             try:
-                await asyncio.wait_for(
-                    self._batches.join(), self.settings.bulk_recorder_shutdown_timeout_s
-                )
+                await asyncio.wait_for(self._batches.join(), timeout)
             except TimeoutError:
                 log.warning(
                     "final flush did not finish in time; unacked messages will be redelivered"
                 )
+        held = set(self._settling)
+        if self._flusher is not None:
+            held.add(asyncio.ensure_future(self._flusher.wait_held()))
+        left = max(1.0, timeout - (time.monotonic() - started))
+        _, pending = await asyncio.wait(held, timeout=left) if held else (set(), set())
+        if pending:
+            log.warning("held dead letters not settled in time; the broker redelivers them")
+            for fut in pending:
+                fut.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
@@ -473,6 +499,11 @@ class Recorder:
         if connection is not None:
             with broker_failures_suppressed():
                 await asyncio.wait_for(connection.close(), 10)
+        publisher_stop.set()
+        try:
+            await asyncio.wait_for(publisher, 15)
+        except Exception:  # the publisher's own end: a surprise there must not stop the rest
+            log.exception("the publishing connection did not close cleanly")
         if self._pool is not None:
             try:
                 await asyncio.wait_for(self._pool.close(), 10)
@@ -481,20 +512,6 @@ class Recorder:
         if self.health is not None:
             await self.health.stop()
         log.info("recorder stopped in %.1f s", time.monotonic() - started)
-
-
-@contextlib.contextmanager
-def broker_failures_suppressed() -> Iterator[None]:
-    """Suppress what a broker that is gone raises, ``CancelledError`` from aiormq included;
-    a real cancellation of the running task still propagates."""
-    try:
-        yield
-    except BROKER_ERRORS as exc:
-        log.debug("broker call failed: %r", exc)
-    except asyncio.CancelledError:
-        if cancel_requested():
-            raise
-        log.debug("broker call failed: the connection was given up")
 
 
 async def _unblock_writers(channel: AbstractChannel) -> None:

@@ -6,82 +6,144 @@ for connections and topology and acks through the underlying channel. A delivery
 its channel: once that channel is closed its tag means nothing, so every call returns False
 and the broker redelivers the message.
 
+Two ways to settle a delivery other than "ack after commit" publish a copy first, on the
+recorder's own publishing connection (:class:`consumer.publisher.Publisher`), and ack only once
+the broker has routed and confirmed the copy:
+
+- **dead_letter**: the copy goes to the dead-letter exchange with the reason. While the DLQ
+  cannot take it (deleted, at its max-length with ``reject-publish``, the publishing
+  connection blocked by an alarm) the delivery is held and the publish retried with backoff;
+  after ``hold_s`` it is released. No hot loop: a message goes round at most once a hold.
+- **release**: the copy goes back to the queue itself (default exchange, routing key = the
+  queue, so no other binding sees it) with a retry count in a header. On quorum queues every
+  nack or return counts toward ``x-delivery-limit`` (RabbitMQ 3.10), and past it the broker
+  dead-letters the message itself, which drops it if the DLQ refuses (at-most-once
+  dead-lettering). A republished copy starts with no deliveries spent. Only when the broker
+  refuses the copy too is the delivery nacked (requeue), which spends one delivery.
+
 A connection that aiormq gives up (no frame within its heartbeat grace) fails every pending
 confirm and RPC with ``CancelledError``. That is a broker failure, not a request to stop the
-task that waited: :func:`cancel_requested` tells the two apart, and every call here turns the
-former into "not settled" (False) while a real cancellation still propagates.
+task that waited: :func:`bulk_recorder.broker.cancel_requested` tells the two apart, and every
+call here turns the former into "not settled" (False) while a real cancellation still
+propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import aio_pika
 import aiormq
-from aio_pika.abc import AbstractExchange
 from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
 from pamqp import commands as spec
 
-from bulk_recorder.flusher import Delivery
+from bulk_recorder.broker import cancel_requested
+from bulk_recorder.flusher import Backoff, DeadLetterResult, Delivery
+from consumer.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
 ERROR_HEADER = "x-bulk-recorder-error"
+ORIGINAL_EXCHANGE_HEADER = "x-bulk-recorder-original-exchange"
+ORIGINAL_ROUTING_KEY_HEADER = "x-bulk-recorder-original-routing-key"
+RETRIES_HEADER = "x-bulk-recorder-retries"
+# set by the broker on each redelivery; a republished copy starts afresh
+DELIVERY_COUNT_HEADER = "x-delivery-count"
 
 _CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
 
 
-def cancel_requested() -> bool:
-    """True when the running task was asked to stop (``Task.cancel()``: shutdown, a caller).
-
-    Only ``Task.cancel()`` counts a request in ``Task.cancelling()`` (Python 3.11). aiormq fails
-    the futures of a connection it gives up with ``CancelledError`` set as their exception (and
-    cancels its own RPC tasks, not ours), which leaves the count at 0: a CancelledError seen
-    while this is False means "the broker is gone", and the caller must handle it as a broker
-    failure instead of ending.
-    """
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
-
-
 class DeadLetterer:
-    """Publishes refused messages to the dead-letter exchange with confirms, reason in a header."""
+    """Publishes copies of deliveries: to the DLQ with a reason, or back to their queue."""
 
-    def __init__(self, exchange: AbstractExchange) -> None:
-        self._exchange = exchange
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        dead_letter_exchange: str,
+        queue: str,
+        hold_s: float,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._publisher = publisher
+        self._dead_letter_exchange = dead_letter_exchange
+        self._queue = queue
+        self.hold_s = hold_s
+        self.backoff = backoff or Backoff(base_s=0.2, cap_s=5.0)
+        self._stopping = asyncio.Event()
 
-    async def publish(self, message: DeliveredMessage, reason: str) -> bool:
-        props = message.header.properties
-        headers: dict[str, Any] = dict(props.headers or {})
-        headers[ERROR_HEADER] = reason[:500]
-        headers["x-bulk-recorder-original-exchange"] = message.exchange or ""
-        headers["x-bulk-recorder-original-routing-key"] = message.routing_key or ""
-        out = aio_pika.Message(
-            body=message.body,
-            headers=headers,
-            content_type=props.content_type,
-            content_encoding=props.content_encoding,
-            type=props.message_type,
-            message_id=props.message_id,
-            correlation_id=props.correlation_id,
-            timestamp=props.timestamp,
-            app_id=props.app_id,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
+    def stop_holding(self) -> None:
+        """Shutting down: end every hold now (held deliveries are released at once)."""
+        self._stopping.set()
+
+    async def pause(self, seconds: float) -> bool:
+        """Wait between two attempts; False when the recorder is stopping."""
         try:
-            await self._exchange.publish(out, routing_key=message.routing_key or "unknown")
-        except asyncio.CancelledError:
-            if cancel_requested():
-                raise
-            log.warning("dead-letter publish failed, the connection was given up")
-            return False
-        except Exception as exc:  # any failure: not dead-lettered, do not ack
-            log.warning("dead-letter publish failed, the message stays queued: %s", exc)
-            return False
-        return True
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            return True
+        return False
+
+    async def dead_letter(
+        self, message: DeliveredMessage, reason: str, wanted: Callable[[], bool]
+    ) -> str | None:
+        """Publish the DLQ copy; None once routed and confirmed, else why not."""
+        headers = _origin(message)
+        headers[ERROR_HEADER] = reason[:500]
+        routing_key = _text(headers[ORIGINAL_ROUTING_KEY_HEADER]) or "unknown"
+        return await self._publisher.publish(
+            message.body,
+            _properties(message, headers),
+            exchange=self._dead_letter_exchange,
+            routing_key=routing_key,
+            wanted=wanted,
+        )
+
+    async def requeue(self, message: DeliveredMessage, wanted: Callable[[], bool]) -> str | None:
+        """Publish a copy back to the queue; None once routed and confirmed, else why not."""
+        headers = _origin(message)
+        headers.pop(DELIVERY_COUNT_HEADER, None)
+        retries = headers.get(RETRIES_HEADER, 0)
+        headers[RETRIES_HEADER] = (retries if isinstance(retries, int) else 0) + 1
+        return await self._publisher.publish(
+            message.body,
+            _properties(message, headers),
+            exchange="",
+            routing_key=self._queue,
+            wanted=wanted,
+        )
+
+
+def _origin(message: DeliveredMessage) -> dict[str, Any]:
+    """The message's headers, with where it was first published (a copy we republished to the
+    queue arrives through the default exchange but keeps its first origin)."""
+    headers: dict[str, Any] = dict(message.header.properties.headers or {})
+    headers.setdefault(ORIGINAL_EXCHANGE_HEADER, message.exchange or "")
+    headers.setdefault(ORIGINAL_ROUTING_KEY_HEADER, message.routing_key or "")
+    return headers
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value if isinstance(value, str) else ""
+
+
+def _properties(message: DeliveredMessage, headers: dict[str, Any]) -> spec.Basic.Properties:
+    props = message.header.properties
+    return spec.Basic.Properties(
+        headers=headers,
+        content_type=props.content_type,
+        content_encoding=props.content_encoding,
+        message_type=props.message_type,
+        message_id=props.message_id,
+        correlation_id=props.correlation_id,
+        timestamp=props.timestamp,
+        app_id=props.app_id,
+        delivery_mode=2,  # persistent
+    )
 
 
 class AmqpDelivery:
@@ -97,7 +159,7 @@ class AmqpDelivery:
         self._dead_letterer = dead_letterer
         self.tag: int = message.delivery_tag or 0
         headers = message.header.properties.headers
-        count = headers.get("x-delivery-count", 0) if headers else 0
+        count = headers.get(DELIVERY_COUNT_HEADER, 0) if headers else 0
         self.delivery_count: int = count if isinstance(count, int) else 0
 
     @property
@@ -114,6 +176,10 @@ class AmqpDelivery:
         If the connection dies before that, the broker redelivers the message and the
         idempotent insert absorbs it.
         """
+        return await self._ack()
+
+    async def _ack(self) -> bool:
+        """The ack after a published copy (a dead letter, a release): not a committed row."""
         return await _write_acks(self._channel, [self.tag])
 
     async def reject(self) -> bool:
@@ -130,8 +196,18 @@ class AmqpDelivery:
         return True
 
     async def release(self) -> bool:
+        """A copy back to the queue, confirmed, then an ack: no delivery spent. If the broker
+        refuses the copy, a nack with requeue, which spends one."""
         if self._channel.is_closed:
             return False
+        failure = await self._dead_letterer.requeue(self._message, self.alive)
+        if failure is None:
+            # if this ack is lost with the channel, the original comes back as well as the
+            # copy: the idempotent insert (or the at-least-once DLQ) absorbs the second one
+            return await self._ack()
+        if self._channel.is_closed:
+            return False  # the broker returns it with its channel anyway
+        log.warning("republishing a released delivery failed (%s): nacking it instead", failure)
         try:
             await self._channel.basic_nack(self.tag, requeue=True)
         except _CHANNEL_GONE:
@@ -142,12 +218,35 @@ class AmqpDelivery:
             return False
         return True
 
-    async def dead_letter(self, reason: str) -> bool:
+    async def dead_letter(self, reason: str) -> DeadLetterResult:
+        dead_letterer = self._dead_letterer
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + dead_letterer.hold_s
+        attempt = 0
+        while not self._channel.is_closed:
+            failure = await dead_letterer.dead_letter(self._message, reason, self.alive)
+            if failure is None:
+                if await self._ack():
+                    return DeadLetterResult.DEAD_LETTERED
+                return DeadLetterResult.DROPPED
+            if self._channel.is_closed:
+                break
+            left = deadline - loop.time()
+            if attempt == 0:
+                log.warning("dead-letter publish failed (%s): holding the message", failure)
+            else:
+                log.debug("dead-letter publish failed again (%s)", failure)
+            if left <= 0 or not await dead_letterer.pause(
+                min(left, dead_letterer.backoff.delay(attempt))
+            ):
+                break
+            attempt += 1
         if self._channel.is_closed:
-            return False
-        if not await self._dead_letterer.publish(self._message, reason):
-            return False
-        return await self.ack()
+            return DeadLetterResult.DROPPED
+        log.warning("the DLQ still refuses a message: releasing it for a later retry")
+        if await self.release():
+            return DeadLetterResult.RELEASED
+        return DeadLetterResult.DROPPED
 
 
 async def ack_each(deliveries: Sequence[Delivery]) -> int:

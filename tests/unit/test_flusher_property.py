@@ -8,8 +8,8 @@ and the deliveries are fakes that record every call, so the test can check each 
 - acked only if its record was committed before the ack, never twice, never after another
   outcome; every delivery on a live channel ends in exactly one outcome;
 - rejected or dead-lettered only for a row the database refuses (poison), never for an outage;
-  dead-lettered exactly on its last allowed delivery;
-- released only by a flush that met a transient failure;
+  dead-lettered exactly on its last allowed delivery (or released, when the DLQ refuses it);
+- released only by a flush that met a transient failure, or by a DLQ that refused;
 - the counters agree with the calls, the buffer gauge returns to 0.
 """
 
@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from bulk_recorder import flusher as flusher_module
 from bulk_recorder.collector import BulkCollector
 from bulk_recorder.errors import DataRejected, TransientDbError
-from bulk_recorder.flusher import Backoff, Flusher, Pending
+from bulk_recorder.flusher import Backoff, DeadLetterResult, Flusher, Pending
 from bulk_recorder.metrics import Metrics
 from bulk_recorder.records import CreditAnnotation, Record
 from bulk_recorder.writer import (
@@ -130,10 +130,17 @@ class FakeDelivery:
         await asyncio.sleep(0)
         return self._call("release")
 
-    async def dead_letter(self, reason: str) -> bool:
+    async def dead_letter(self, reason: str) -> DeadLetterResult:
         assert reason.startswith("database refused the row: ")
         await asyncio.sleep(0)
-        return self._call("dead_letter")
+        if self.world.dlq_refuses and self.channel.open:
+            # held while the DLQ refuses, then released (a copy back to the queue)
+            await asyncio.sleep(0)
+            self._call("dead_letter_released")
+            return DeadLetterResult.RELEASED
+        if self._call("dead_letter"):
+            return DeadLetterResult.DEAD_LETTERED
+        return DeadLetterResult.DROPPED
 
 
 class FakeWriter:
@@ -186,6 +193,7 @@ class World:
     channels: list[FakeChannel] = field(default_factory=lambda: [FakeChannel(0), FakeChannel(1)])
     batches: list[tuple[list[Pending], str]] = field(default_factory=list)
     releases_signalled: int = 0
+    dlq_refuses: bool = False
     next_batch: int = 0
     dropped_from_buffer: int = 0
 
@@ -230,6 +238,7 @@ steps = st.lists(
         st.tuples(st.just("kill_during_write"), st.integers(0, 1)),
         st.tuples(st.just("tick"), st.floats(0, 5)),
         st.tuples(st.just("probe")),
+        st.tuples(st.just("dlq_refuses"), st.booleans()),
     ),
     max_size=60,
 )
@@ -310,11 +319,14 @@ async def run(world: World, size: int, plan: list[tuple[Any, ...]]) -> Flusher:
                 world.clock.now += step[1]
             elif kind == "probe" and world.writer.transient_budget == 0:
                 flusher.recovered()  # the recorder's database probe succeeded
+            elif kind == "dlq_refuses":
+                world.dlq_refuses = step[1]
             await drain()
         world.writer.transient_budget = 0  # the database is back for the final shutdown flush
         world.writer.channel_to_kill = None
         collector.flush("shutdown")
         await drain()
+        await flusher.wait_held()  # dead letters settle in tasks of their own
         collector.close()
     return flusher
 
@@ -332,7 +344,13 @@ def test_flusher_acks_exactly_the_committed_deliveries(
     def value(name: str, labels: dict[str, str] | None = None) -> float:
         return registry.get_sample_value(name, labels) or 0.0
 
-    outcomes: dict[str, int] = {"ack": 0, "reject": 0, "release": 0, "dead_letter": 0}
+    outcomes: dict[str, int] = {
+        "ack": 0,
+        "reject": 0,
+        "release": 0,
+        "dead_letter": 0,
+        "dead_letter_released": 0,
+    }
     failed_calls = 0
 
     for d in world.deliveries:
@@ -351,10 +369,10 @@ def test_flusher_acks_exactly_the_committed_deliveries(
         if call.action == "ack":
             assert call.committed, f"delivery {d.n} acked before its record was committed"
             assert not poison
-        elif call.action in ("reject", "dead_letter"):
+        elif call.action in ("reject", "dead_letter", "dead_letter_released"):
             assert poison, f"delivery {d.n} judged for an outage"
             last = d.delivery_count + 1 >= DELIVERY_LIMIT
-            assert (call.action == "dead_letter") == last, (d.n, d.delivery_count)
+            assert (call.action != "reject") == last, (d.n, d.delivery_count)
         else:
             assert call.action == "release"
             assert call.batch_transients > 0, f"delivery {d.n} released without an outage"
@@ -370,7 +388,10 @@ def test_flusher_acks_exactly_the_committed_deliveries(
 
     assert value("bulk_recorder_messages_acked_total") == outcomes["ack"]
     assert value("bulk_recorder_messages_rejected_total") == outcomes["reject"]
-    assert value("bulk_recorder_messages_released_total") == outcomes["release"]
+    assert (
+        value("bulk_recorder_messages_released_total")
+        == outcomes["release"] + outcomes["dead_letter_released"]
+    )
     assert (
         value("bulk_recorder_messages_dead_lettered_total", {"reason": "database"})
         == outcomes["dead_letter"]

@@ -52,7 +52,7 @@ import asyncpg
 from aiormq.abc import AbstractChannel
 from asyncpg.pool import PoolConnectionProxy
 
-from bulk_recorder.broker import BROKER_ERRORS
+from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes
 from bulk_recorder.db import DB_ERRORS, open_pool_when_ready, wait_or_stop
 from bulk_recorder.flusher import Backoff
 from bulk_recorder.metrics import Metrics
@@ -207,6 +207,7 @@ class Relay:
         self.config = config or RelayConfig()
         self.exchange = settings.rabbitmq_exchange
         self._declare = declare
+        self._nodes = BrokerNodes.from_setting(settings.rabbitmq_url)  # one URL, or one a node
         self._pool: asyncpg.Pool | None = None
         self._channel: AbstractChannel | None = None
         self._broker_up = asyncio.Event()
@@ -337,7 +338,7 @@ class Relay:
         while not stop.is_set():
             connection: aio_pika.abc.AbstractConnection | None = None
             try:
-                connection = await aio_pika.connect(self.settings.rabbitmq_url, timeout=10)
+                connection = await self._nodes.connect()
                 channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
                 if self._declare is not None:
                     await self._declare(channel)

@@ -27,7 +27,12 @@ import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
-from bulk_recorder.broker import BROKER_ERRORS, broker_failures_suppressed, cancel_requested
+from bulk_recorder.broker import (
+    BROKER_ERRORS,
+    BrokerNodes,
+    broker_failures_suppressed,
+    cancel_requested,
+)
 from bulk_recorder.collector import BulkCollector
 from bulk_recorder.db import open_pool_when_ready, wait_or_stop
 from bulk_recorder.flusher import Backoff, Flusher, Pending, count_dead_letter, release_all
@@ -73,6 +78,7 @@ class Recorder:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology.from_settings(settings)
+        self._nodes = BrokerNodes.from_setting(settings.rabbitmq_url)  # one URL, or one a node
         self._batches: asyncio.Queue[Batch] = asyncio.Queue()
         self._collector: BulkCollector[Pending] = BulkCollector(
             settings.effective_batch_size, settings.flush_timeout_s, self._enqueue
@@ -194,7 +200,7 @@ class Recorder:
             connection: aio_pika.abc.AbstractConnection | None = None
             channel: AbstractChannel | None = None
             try:
-                connection = await aio_pika.connect(self.settings.rabbitmq_url, timeout=10)
+                connection = await self._nodes.connect()
                 consume_channel = await connection.channel(publisher_confirms=False)
                 await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
                 try:

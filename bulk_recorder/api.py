@@ -44,7 +44,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from bulk_recorder.errors import DataRejected, TransientDbError, classify
+from bulk_recorder.errors import DataRejected, TransientDbError, classify, renew_if_server_gone
 from bulk_recorder.ingest import CONTENT_TYPES, FormatError, JobIntake, TooManyLines, parser_for
 from bulk_recorder.job_staging import JobStaging
 from bulk_recorder.loadgen import uuid7
@@ -258,7 +258,9 @@ class ApiError(Exception):
         self.headers = headers
 
 
-def _db_failure(exc: BaseException) -> ApiError:
+async def _db_failure(ctx: _Context, exc: BaseException) -> ApiError:
+    """The answer to a database failure; a server that refuses writes gets the pool renewed."""
+    await renew_if_server_gone(ctx.pool, exc)
     err = exc if isinstance(exc, DataRejected | TransientDbError) else classify(exc)
     if isinstance(err, DataRejected):
         status = 409 if err.reason.startswith("23505") else 422
@@ -650,7 +652,7 @@ async def _accept_transaction(
     except ApiError:
         raise
     except (DataRejected, TransientDbError, *_DB_ERRORS) as exc:
-        raise _db_failure(exc) from None
+        raise await _db_failure(ctx, exc) from None
     if prior is None:
         if fresh:
             return _json(status, TransactionAccepted(id=record.id, status=_word(status), mode=mode))
@@ -721,7 +723,7 @@ async def _accept_job(
             async with ctx.db.acquire(timeout=10) as conn:
                 prior = await conn.fetchrow(_JOB_BY_KEY, key)
         except _DB_ERRORS as exc:
-            raise _db_failure(exc) from None
+            raise await _db_failure(ctx, exc) from None
         if prior is not None:
             async with contextlib.aclosing(_body(request, limit, ctx.settings)) as chunks:
                 async for chunk in chunks:
@@ -815,7 +817,7 @@ async def _store_job(
     except (ApiError, ClientDisconnect):
         raise
     except (DataRejected, TransientDbError, *_DB_ERRORS) as exc:
-        raise _db_failure(exc) from None
+        raise await _db_failure(ctx, exc) from None
     ctx.metrics.api_job_lines.labels(outcome="accepted").inc(intake.accepted)
     ctx.metrics.api_job_lines.labels(outcome="rejected").inc(intake.rejected)
     done = time.perf_counter()
@@ -885,7 +887,7 @@ async def _job_status(ctx: _Context, job_id: uuid.UUID) -> JobStatus:
     except ApiError:
         raise
     except _DB_ERRORS as exc:
-        raise _db_failure(exc) from None
+        raise await _db_failure(ctx, exc) from None
     published = int(row["published"])
     if completed_at is not None:
         status: Literal["publishing", "recording", "completed"] = "completed"

@@ -54,6 +54,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes
 from bulk_recorder.db import DB_ERRORS, open_pool_when_ready, wait_or_stop
+from bulk_recorder.errors import renew_if_server_gone
 from bulk_recorder.flusher import Backoff
 from bulk_recorder.metrics import Metrics
 from settings import Settings
@@ -449,6 +450,7 @@ class Relay:
             except DB_ERRORS as exc:
                 self._db_ok = False
                 log.warning("outbox batch failed on the database (%s); retrying", exc)
+                await renew_if_server_gone(self._pool, exc)
                 await wait_or_stop(stop, backoff.delay(db_failures))
                 db_failures += 1
                 continue

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from bulk_recorder.errors import classify
+from bulk_recorder.errors import classify, renew_if_server_gone
 from bulk_recorder.records import CreditAnnotation, Operation, Record, Transaction
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,7 @@ class PgWriter:
         except Exception as exc:  # the Writer contract: every failure is data or an outage
             # (asyncpg's InternalClientError/ProtocolError are neither PostgresError nor
             # InterfaceError; escaping here, they left the batch unacked for good)
+            await renew_if_server_gone(self._pool, exc)
             raise classify(exc) from exc
         return result
 
@@ -223,6 +224,7 @@ class PgWriter:
                 finally:
                     await tx.rollback()
         except Exception as exc:  # the Writer contract, as in write()
+            await renew_if_server_gone(self._pool, exc)
             raise classify(exc) from exc
 
     async def _write_transactions(

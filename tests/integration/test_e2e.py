@@ -4,6 +4,7 @@ stopped by SIGTERM; and a bad setting that stops start-up with a clear message."
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from bulk_recorder.loadgen import Generator
 from tests.conftest import free_port, settings_env, wait_for
+from tests.faults.audit import settled_count
+from tests.faults.scrape import scrape
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -96,7 +100,62 @@ async def test_consume_process_records_published_load_and_stops_on_sigterm(
     assert "SIGTERM received" in log
     assert await conn.fetchval("SELECT count(*) FROM transactions") == 1500
     assert await conn.fetchval("SELECT count(*) FROM operations") == 3000
-    assert await broker.ready_count(broker.topology.queue) == 0
+    # nothing ready, and nothing left unacked once the broker has dropped the consumer
+    assert await settled_count(broker, broker.topology.queue) == 0
+
+
+async def test_sigterm_with_records_still_buffered_commits_and_acks_them_all(
+    make_settings, broker, db, tmp_path: Path
+) -> None:
+    """SIGTERM while every record is still in the collector (a batch larger than what was sent,
+    a flush timeout far away): the final flush commits them all and acks them; exit 0."""
+    port = free_port()
+    settings = make_settings(
+        metrics_port=port, bulk_recorder_size=1000, bulk_recorder_flush_timeout_ms=600_000
+    )
+    gen = Generator.create(seed=43)
+    records = [gen.record(("transaction", "credit_annotation")[n % 2]) for n in range(300)]
+    log_path = tmp_path / "recorder.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited here
+            [sys.executable, "-m", "consumer"],
+            env=settings_env(settings),
+            stdout=log_file,
+            stderr=log_file,
+        )
+        try:
+            await wait_for(lambda: _ready(port), timeout=30)
+            await broker.publish_many(
+                [
+                    (
+                        json.dumps(r).encode(),
+                        "transaction" if "operations" in r else "credit_annotation",
+                    )
+                    for r in records
+                ]
+            )
+
+            async def all_buffered() -> bool:  # received, none written yet
+                metrics = await scrape(port)
+                return metrics.get("bulk_recorder_messages_received_total") == len(
+                    records
+                ) and metrics.get("bulk_recorder_buffer_messages") == len(records)
+
+            await wait_for(all_buffered, timeout=60)
+            assert (await scrape(port)).get("bulk_recorder_flush_size_count") == 0
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(proc.wait, 60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert "SIGTERM received" in log_path.read_text()
+    conn = await db()
+    recorded = {str(r[0]) for r in await conn.fetch("SELECT id FROM transactions")}
+    recorded |= {str(r[0]) for r in await conn.fetch("SELECT id FROM credit_annotations")}
+    assert recorded == {r["id"] for r in records}
+    assert await settled_count(broker, broker.topology.queue) == 0  # every one acked
+    assert await broker.ready_count(broker.topology.dead_letter_queue) == 0
 
 
 def test_per_message_mode_is_logged_with_its_reason(make_settings) -> None:

@@ -59,11 +59,17 @@ def committed_check(
     return check
 
 
-def _messages(seed: int, valid: int, duplicates: int, invalid: int) -> Messages:
+def _messages(
+    seed: int,
+    valid: int,
+    duplicates: int,
+    invalid: int,
+    kinds: tuple[str, ...] = ("transaction", "credit_annotation"),
+) -> Messages:
     gen = Generator.create(seed=seed)
     out: Messages = []
     for n in range(valid):
-        kind = ("transaction", "credit_annotation")[n % 2]
+        kind = kinds[n % len(kinds)]
         out.append((json.dumps(gen.record(kind)).encode(), kind))
     out += out[:duplicates]  # the same bodies again: acked, recorded once
     for n in range(invalid):
@@ -117,7 +123,8 @@ async def test_a_flush_whose_channel_died_mid_write_is_never_acked_on_the_new_ch
     here, the redelivered copies): acking the old flush there would ack what is not written."""
     tap = amqp_tap
     await migrate(database_url)
-    messages = _messages(seed=72, valid=10, duplicates=0, invalid=0)
+    # annotations only: every write of them stops at the gate, the first statement of a flush
+    messages = _messages(seed=72, valid=10, duplicates=0, invalid=0, kinds=("credit_annotation",))
     report, expected_dlq = report_for(messages)
     admin = await db()
     gate = await db()

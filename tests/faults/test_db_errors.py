@@ -134,7 +134,9 @@ async def test_admin_shutdown_of_the_flush_is_an_outage(
     await gate.execute("ROLLBACK")
     await recorded_once(rec, broker, db, messages)
     assert write_errors[:CYCLES] == ["57014"] * CYCLES
-    assert write_errors[CYCLES:] == ["08003"] * CYCLES  # the terminated connection
+    # the terminated connection: asyncpg reports it lost (08003), or the server's 57P01 first
+    assert len(write_errors) == 2 * CYCLES
+    assert set(write_errors[CYCLES:]) <= {"08003", "57P01"}, write_errors
     assert rec.value("bulk_recorder_db_retries_total") == 2 * CYCLES
 
 

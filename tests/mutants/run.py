@@ -283,10 +283,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     killed = sum(o.status == "killed" for o in outcomes)
     survived = sum(o.status == "survived" for o in outcomes)
     errors = sum(o.status == "error" for o in outcomes)
-    print(f"total {time.monotonic() - started:.0f} s; logs in {logs}", flush=True)
+    everything_killed = killed == len(outcomes)
+    if everything_killed and args.logs is None:
+        shutil.rmtree(logs, ignore_errors=True)  # nothing to look at
+        print(f"total {time.monotonic() - started:.0f} s", flush=True)
+    else:
+        print(f"total {time.monotonic() - started:.0f} s; logs in {logs}", flush=True)
     suffix = f" ({errors} errors)" if errors else ""
     print(f"mutants: {killed} killed, {survived} survived{suffix}")
-    return 0 if killed == len(outcomes) else 1
+    return 0 if everything_killed else 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock lint test test-unit demo demo-api run bench soak clean
+.PHONY: install lock lint test test-unit mutants demo demo-api run bench soak clean
 
 install: $(STAMP)
 
@@ -30,9 +30,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Unit, integration (real RabbitMQ + PostgreSQL) and fault suites.
+# Unit, integration (real RabbitMQ + PostgreSQL) and fault suites; then two fast mutants (a
+# different pair each day) that the tests named for their promise must still kill.
 test: lint
 	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/python -m tests.mutants.run --subset 2
+
+# Every mutant in tests/mutants/mutants.py, each on a scratch copy against its promise's tests,
+# after checking those tests pass unmutated. Ends with "mutants: N killed, 0 survived".
+mutants: $(STAMP)
+	$(BIN)/python -m tests.mutants.run --baseline
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit

@@ -107,6 +107,16 @@ class Settings(BaseSettings):
     bulk_recorder_shutdown_timeout_s: float = Field(
         30.0, gt=0, le=600, description="Bounded wait for the final flush on SIGTERM."
     )
+    bulk_recorder_db_command_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        le=3_600,
+        description=(
+            "A database command unanswered for this long fails on the client (asyncpg's "
+            "command_timeout) and the flush is retried as an outage: how soon a held "
+            "(partitioned) database connection is noticed."
+        ),
+    )
     metrics_port: int | None = Field(
         None,
         ge=0,

@@ -26,7 +26,10 @@ DB_ERRORS = (
     TimeoutError,
 )
 
-# A held (partitioned) connection is noticed after this long, then retried as an outage.
+# A held (partitioned) connection is noticed after this long, then retried as an outage. It is
+# asyncpg's client-side command_timeout, not a server-side statement_timeout: it also covers a
+# connection whose packets are lost, where the server never sees the statement at all. The
+# recorder takes it from BULK_RECORDER_DB_COMMAND_TIMEOUT_S.
 COMMAND_TIMEOUT_S = 15.0
 
 
@@ -48,9 +51,17 @@ async def keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def open_pool_when_ready(
-    dsn: str, *, max_size: int, stop: asyncio.Event
+    dsn: str,
+    *,
+    max_size: int,
+    stop: asyncio.Event,
+    command_timeout: float = COMMAND_TIMEOUT_S,
 ) -> asyncpg.Pool | None:
-    """Migrate and open a pool, retrying with backoff; None if ``stop`` is set first."""
+    """Migrate and open a pool, retrying with backoff; None if ``stop`` is set first.
+
+    Every command on the pool fails with ``TimeoutError`` after ``command_timeout`` seconds
+    without an answer (an outage to the callers, never bad data).
+    """
     backoff = Backoff(base_s=0.2, cap_s=5.0)
     attempt = 0
     while not stop.is_set():
@@ -60,7 +71,7 @@ async def open_pool_when_ready(
                 dsn,
                 min_size=1,
                 max_size=max_size,
-                command_timeout=COMMAND_TIMEOUT_S,
+                command_timeout=command_timeout,
                 timeout=10,
                 reset=keep_session,
             )

@@ -188,6 +188,7 @@ class Recorder:
             self.settings.database_url,
             max_size=self.settings.rabbitmq_numbers_of_workers + 1,
             stop=stop,
+            command_timeout=self.settings.bulk_recorder_db_command_timeout_s,
         )
         self._db_ok = self._pool is not None
         return self._db_ok

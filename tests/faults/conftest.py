@@ -22,6 +22,7 @@ import pytest
 
 from settings import Settings
 from tests.conftest import Services
+from tests.faults.amqp_tap import AmqpTap
 from tests.faults.proxy import TcpProxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +61,13 @@ async def pg_proxy(services: Services) -> AsyncIterator[TcpProxy]:
 @pytest.fixture
 async def mq_proxy(services: Services) -> AsyncIterator[TcpProxy]:
     async with TcpProxy(*_target(services.rabbitmq_url, 5672)) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+async def amqp_tap(services: Services) -> AsyncIterator[AmqpTap]:
+    """A proxy to RabbitMQ that decodes and records the frames (see amqp_tap.py)."""
+    async with AmqpTap(*_target(services.rabbitmq_url, 5672)) as proxy:
         yield proxy
 
 

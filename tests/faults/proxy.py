@@ -17,12 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Self
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["pass", "cut", "blackhole"]
+
+# Sees every chunk of one direction of one connection just before it is forwarded (awaited, so
+# it can hold the chunk); see TcpProxy.inspector.
+Inspect = Callable[[bytes], Awaitable[None]]
 
 _CHUNK = 65_536
 
@@ -59,7 +64,7 @@ class TcpProxy:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def start(self) -> TcpProxy:
+    async def start(self) -> Self:
         self._server = await asyncio.start_server(self._accept, self.listen_host, 0)
         log.debug("proxy %d -> %s:%d", self.port, self.target_host, self.target_port)
         return self
@@ -83,7 +88,7 @@ class TcpProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._links.clear()
 
-    async def __aenter__(self) -> TcpProxy:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -119,6 +124,11 @@ class TcpProxy:
         self._flowing.set()
         log.info("proxy %d: restored", self.port)
 
+    def inspector(self, connection: int, to_upstream: bool) -> Inspect | None:
+        """Hook for subclasses that watch the traffic (e.g. decode it): called once per
+        direction of each connection (numbered from 1 in accept order). None: not watched."""
+        return None
+
     def _is_cut(self) -> bool:
         # a method, not an inline comparison: the mode changes while a handler awaits
         return self.mode == "cut"
@@ -132,6 +142,7 @@ class TcpProxy:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections_total += 1
+        number = self.connections_total
         if self.mode == "cut":
             writer.transport.abort()
             return
@@ -152,8 +163,12 @@ class TcpProxy:
             if self._is_cut():
                 return
             link.tasks = [
-                asyncio.ensure_future(self._pump(reader, up_writer)),
-                asyncio.ensure_future(self._pump(up_reader, writer)),
+                asyncio.ensure_future(
+                    self._pump(reader, up_writer, self.inspector(number, to_upstream=True))
+                ),
+                asyncio.ensure_future(
+                    self._pump(up_reader, writer, self.inspector(number, to_upstream=False))
+                ),
             ]
             # When either direction ends, the other cannot carry a meaningful conversation.
             await asyncio.wait(link.tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -164,7 +179,9 @@ class TcpProxy:
             await asyncio.gather(*link.tasks, return_exceptions=True)
             self._links.discard(link)
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, inspect: Inspect | None
+    ) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 data = await src.read(_CHUNK)
@@ -174,5 +191,9 @@ class TcpProxy:
                     await self._flowing.wait()  # held, not dropped
                 if self._is_cut() or dst.transport.is_closing():
                     return
+                if inspect is not None:
+                    await inspect(data)
+                    if self._is_cut() or dst.transport.is_closing():
+                        return
                 dst.write(data)
                 await dst.drain()

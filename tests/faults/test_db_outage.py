@@ -25,6 +25,7 @@ from tests.faults.audit import (
     wait_until_settled,
 )
 from tests.faults.conftest import long_run, scale, via_proxy
+from tests.faults.scrape import http_get, scrape
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 
@@ -115,7 +116,7 @@ async def test_outage_pauses_marks_not_ready_and_dead_letters_nothing(
     pg_proxy.cut()
     # bad messages first: past the prefetch window nothing is delivered while flushes are stuck
     await broker.publish_many(invalid + good)
-    await wait_for(lambda: rec.value("bulk_recorder_paused") == 1)
+    await wait_for(lambda: _paused_judging_nothing(rec))
     assert await _get(port, "/readyz") == (503, "broker up, database down\n")
     # an outage lasting many flush timeouts: retried, never judged
     await wait_for(lambda: rec.value("bulk_recorder_db_retries_total") >= 10)
@@ -140,6 +141,13 @@ async def test_outage_pauses_marks_not_ready_and_dead_letters_nothing(
     audit.assert_exact(dlq_surplus_allowed=False)
     # cut before any write began: no COMMIT can have been in flight, so the counts are exact
     check_counters(rec, report, audit)
+
+
+def _paused_judging_nothing(rec: RunningRecorder) -> bool:
+    """Paused yet? Fails at once if the outage was taken for bad data meanwhile."""
+    assert rec.value("bulk_recorder_messages_rejected_total") == 0, "an outage judged as data"
+    assert rec.value("bulk_recorder_messages_dead_lettered_total", reason="database") == 0
+    return rec.value("bulk_recorder_paused") == 1
 
 
 def _dead(rec: RunningRecorder) -> float:
@@ -171,7 +179,10 @@ async def test_long_outage_releases_deliveries_and_pauses_intake(
     assert rec.value("bulk_recorder_messages_rejected_total") == 0
     assert _dead(rec) == 0
     received = rec.value("bulk_recorder_messages_received_total")
-    await asyncio.sleep(1.0)  # paused means paused: no new deliveries while the database is down
+    # paused means paused: while it probes the database (each probe a refused connection at
+    # the proxy), no new delivery arrives
+    probes = pg_proxy.connections_total
+    await wait_for(lambda: pg_proxy.connections_total >= probes + 3)
     assert rec.value("bulk_recorder_messages_received_total") == received
 
     pg_proxy.restore()
@@ -197,23 +208,45 @@ async def test_sigterm_during_an_outage_then_a_recorder_started_while_the_databa
     """The orderly stop gives up on the stuck flush after its bounded wait and judges nothing;
     a new recorder started while the database is still down waits for it, then records all."""
     await migrate(database_url)
+    port = _free_port()
     settings = make_settings(
-        database_url=via_proxy(database_url, pg_proxy), bulk_recorder_shutdown_timeout_s=2.0
+        database_url=via_proxy(database_url, pg_proxy),
+        bulk_recorder_shutdown_timeout_s=2.0,
+        metrics_port=port,
     )
     gen = Generator.create(seed=24)
     good = _messages(gen, 300)
     proc = await recorders.start(settings)
-    await wait_for(lambda: pg_proxy.active_connections > 0, timeout=60)  # connected and running
+
+    async def ready() -> bool:
+        return await http_get(port, "/readyz") == (200, "broker up, database up\n")
+
+    await wait_for(ready, timeout=60)  # connected to both, consuming
     pg_proxy.cut()
     await broker.publish_many(good)
-    await asyncio.sleep(1.0)  # flushes are failing now
+
+    async def retrying() -> bool:  # the outage is seen as one: paused, flushes retried
+        metrics = await scrape(port)
+        assert metrics.get("bulk_recorder_messages_rejected_total", 0) == 0, "judged as data"
+        return (
+            metrics.get("bulk_recorder_paused") == 1
+            and metrics.get("bulk_recorder_db_retries_total", 0) >= 5
+        )
+
+    await wait_for(retrying, timeout=60)
+    metrics = await scrape(port)
+    assert metrics["bulk_recorder_messages_received_total"] > 0
+    assert metrics["bulk_recorder_messages_rejected_total"] == 0
+    assert metrics.get('bulk_recorder_messages_dead_lettered_total{reason="database"}', 0) == 0
     assert await proc.terminate() == 0
     # nothing acked, nothing judged: every message is back in the queue
     assert await settled_count(broker, broker.topology.queue) == len(good)
     assert await broker.ready_count(broker.topology.dead_letter_queue) == 0
 
-    await proc.start()  # the database is still down
-    await asyncio.sleep(1.0)
+    refused = pg_proxy.connections_total
+    await proc.start()  # the database is still down: it keeps trying, and waits
+    await wait_for(lambda: pg_proxy.connections_total >= refused + 2, timeout=60)
+    assert await http_get(port, "/readyz") == (503, "broker down, database down\n")
     pg_proxy.restore()
     report, expected = report_for(good)
     await wait_until_settled(db, broker, report)

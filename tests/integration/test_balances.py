@@ -4,13 +4,15 @@ duplicates, redeliveries, concurrent writers or recorder kills happen on the way
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from bulk_recorder.loadgen import Generator
 from bulk_recorder.migrate import migrate
 from bulk_recorder.outbox import enqueue, notify
-from bulk_recorder.records import Transaction, decode
+from bulk_recorder.records import Record, Transaction, decode
 from bulk_recorder.writer import PgWriter
 from tests.conftest import settings_env, wait_for
 from tests.integration.producer_support import (
@@ -79,6 +81,68 @@ async def test_writer_moves_balances_once_per_new_approved_transaction(database_
             }
     finally:
         await pool.close()
+
+
+class RecordingPool:
+    """Looks like a pool to PgWriter: lends one real connection and records every statement."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.statements: list[tuple[str, tuple[Any, ...]]] = []
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[RecordingPool]:
+        yield self
+
+    def transaction(self) -> Any:
+        return self.conn.transaction()
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        self.statements.append((query, args))
+        return await self.conn.fetch(query, *args)
+
+    async def execute(self, query: str, *args: Any) -> str:
+        self.statements.append((query, args))
+        return await self.conn.execute(query, *args)
+
+    def keys(self, table: str, columns: int = 1) -> list[Any]:
+        """The keys sent to ``INSERT INTO table``, statement after statement, in order."""
+        out: list[Any] = []
+        for query, args in self.statements:
+            if f"INSERT INTO {table} " in query:
+                out += list(zip(*args[:columns], strict=True)) if columns > 1 else list(args[0])
+        return out
+
+
+async def test_every_write_sends_its_keys_in_sorted_order(database_url) -> None:
+    """Rows are locked in the order of the arrays sent, so ids, operation ids and balance keys
+    go out sorted in every statement and across chunks, whatever order the batch came in:
+    what keeps concurrent writers and replicas out of a deadlock, checked deterministically."""
+    await migrate(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        pool = RecordingPool(conn)
+        writer = PgWriter(cast(asyncpg.Pool, pool), max_rows_per_insert=7)  # many chunks
+        gen = Generator.create(6)
+        annotations = [
+            decode(json.dumps(gen.credit_annotation()).encode(), "credit_annotation")
+            for _ in range(30)
+        ]
+        batch: list[Record] = [*records(ledger(6, 60, accounts=6)), *annotations]
+        random.Random(6).shuffle(batch)
+        await writer.write(batch)
+    finally:
+        await conn.close()
+    for table, columns in (
+        ("transactions", 1),
+        ("operations", 1),
+        ("balances", 2),
+        ("credit_annotations", 1),
+    ):
+        sent = pool.keys(table, columns)
+        assert len(sent) > 1, table
+        assert sent == sorted(sent), f"{table}: keys not sent in sorted order"
+    assert len(pool.keys("transactions")) == 60
 
 
 async def test_concurrent_writers_on_hot_accounts_neither_deadlock_nor_drift(database_url) -> None:

@@ -24,6 +24,7 @@ from bulk_recorder.loadgen import Generator
 from bulk_recorder.outbox import Relay, RelayConfig
 from bulk_recorder.records import decode
 from tests.conftest import settings_env, wait_for
+from tests.faults.proxy import TcpProxy as HoldingProxy
 from tests.integration.producer_support import (
     TcpProxy,
     api_client,
@@ -226,6 +227,43 @@ async def test_broker_outage_rows_wait_api_keeps_accepting_nothing_lost(
         assert status["published"] == status["recorded"] == 3000
         assert await count(conn, "outbox") == 0
     await proxy.cut()
+
+
+async def test_publishes_without_a_confirm_leave_their_rows_in_the_outbox(
+    make_settings, broker, db
+) -> None:
+    """The relay's broker connection is held (a partition) with a batch in flight: no confirm
+    comes back, so every row stays in the outbox; once the network heals each is delivered
+    (some twice: a publish that timed out may still arrive), none is lost."""
+    settings = make_settings()
+    target = urlsplit(settings.rabbitmq_url)
+    async with HoldingProxy(target.hostname or "127.0.0.1", target.port or 5672) as proxy:
+        userinfo = target.netloc.rpartition("@")[0]
+        through = target._replace(netloc=f"{userinfo}@127.0.0.1:{proxy.port}")
+        relay_settings = settings.model_copy(update={"rabbitmq_url": urlunsplit(through)})
+        gen = Generator.create(12)
+        records = [gen.credit_annotation() for _ in range(20)]
+        config = RelayConfig(batch_size=50, lanes=1, poll_interval_s=0.2, publish_timeout_s=1.0)
+        async with (
+            api_client(settings) as (client, _),
+            running_relay(relay_settings, config) as relay,
+        ):
+            await wait_for(lambda: relay.relay.ready()[0])
+            proxy.blackhole()
+            await post_job(client, records)
+
+            def lost() -> float:
+                return relay.value("bulk_recorder_outbox_publish_failures_total", reason="lost")
+
+            await wait_for(lambda: lost() >= len(records))  # a whole batch without a confirm
+            conn = await db()
+            assert await count(conn, "outbox") == len(records)
+            assert relay.published == 0
+            proxy.restore()
+            await wait_for(lambda: relay.published == len(records))
+            assert await count(conn, "outbox") == 0
+    delivered = {json.loads(m.body)["id"] for m in await broker.drain(broker.topology.queue)}
+    assert delivered == {r["id"] for r in records}
 
 
 class SimulatedCrash(BaseException):

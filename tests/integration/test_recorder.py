@@ -17,7 +17,9 @@ import consumer.delivery
 from bulk_recorder.flusher import Delivery
 from bulk_recorder.loadgen import Generator
 from consumer.delivery import ERROR_HEADER, AmqpDelivery
-from tests.conftest import Broker, wait_for
+from tests.conftest import Broker, RunningRecorder, wait_for
+from tests.faults.audit import settled_count
+from tests.integration.producer_support import balances, expected_balances
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -88,7 +90,7 @@ async def test_duplicates_give_one_row_and_count_as_ignored(
     ann = gen.credit_annotation()
     messages = [(body(tx), "transaction")] * 4 + [(body(ann), "credit_annotation")] * 3
     await broker.publish_many(messages)
-    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 7)
+    await wait_for(lambda: _acked_judging_nothing(rec, 7))
     conn = await db()
     assert await count(conn, "transactions") == 1
     assert await count(conn, "operations") == 2
@@ -101,6 +103,46 @@ async def test_duplicates_give_one_row_and_count_as_ignored(
         tx["operations"][1]["account_id"],
     )
     assert str(amount.normalize()) == str(type(amount)(tx["amount"]).normalize())
+
+
+async def test_a_duplicate_in_a_later_flush_changes_nothing(
+    make_settings, start_recorder, broker, db
+) -> None:
+    """A record committed and acked, then its copy arrives in a later flush (a republish, or a
+    redelivery after a lost ack) beside new records: no second row, operation or balance move
+    for the copy; the copy is acked and counted as ignored, the new records are written."""
+    gen = Generator.create(seed=10)
+    rec = await start_recorder(
+        make_settings(bulk_recorder_size=5, bulk_recorder_flush_timeout_ms=50)
+    )
+    tx, ann = gen.transaction(), gen.credit_annotation()
+    assert tx["status"] == "APPROVED"  # it moves balances
+    copies = [(body(tx), "transaction"), (body(ann), "credit_annotation")]
+    await broker.publish_many(copies)
+    await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 2)
+    conn = await db()
+    recorded = [tx]
+    for _ in range(2):  # each round is written by a flush of its own
+        fresh = gen.transaction()
+        recorded.append(fresh)
+        expected_acks = rec.value("bulk_recorder_messages_acked_total") + 3
+        flushes = rec.value("bulk_recorder_flush_size_count")
+        await broker.publish_many([*copies, (body(fresh), "transaction")])
+        await wait_for(lambda: _acked_judging_nothing(rec, expected_acks))  # noqa: B023
+        assert rec.value("bulk_recorder_flush_size_count") > flushes
+        assert await balances(conn) == expected_balances(recorded)
+    assert await count(conn, "transactions") == 3
+    assert await count(conn, "operations") == 6
+    assert await count(conn, "credit_annotations") == 1
+    assert rec.value("bulk_recorder_rows_ignored_total", table="transactions") == 2
+    assert rec.value("bulk_recorder_rows_ignored_total", table="credit_annotations") == 2
+
+
+def _acked_judging_nothing(rec: RunningRecorder, acked: float) -> bool:
+    """All acked yet? Fails at once if a valid record was refused meanwhile."""
+    assert rec.value("bulk_recorder_messages_rejected_total") == 0, "a valid record refused"
+    assert rec.value("bulk_recorder_fallback_total") == 0, "a valid batch split as bad data"
+    return rec.value("bulk_recorder_messages_acked_total") == acked
 
 
 async def test_invalid_messages_reach_the_dlq_while_batch_mates_are_recorded(
@@ -295,7 +337,7 @@ async def test_shutdown_flushes_the_partial_batch_and_acks_it(
     assert rec.value("bulk_recorder_messages_acked_total") == 5
     conn = await db()
     assert await count(conn, "credit_annotations") == 5
-    assert await broker.ready_count(broker.topology.queue) == 0
+    assert await settled_count(broker, broker.topology.queue) == 0  # nothing held unacked
 
 
 def _free_port() -> int:

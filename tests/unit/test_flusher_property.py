@@ -2,11 +2,14 @@
 
 Hypothesis drives a shared BulkCollector and a Flusher through any sequence of adds (valid,
 poison, duplicate ids, on several channels), timeouts, transient database failures (before
-commit, or after an ambiguous commit), dead channels, passing time and shutdowns. The writer
-and the deliveries are fakes that record every call, so the test can check each delivery:
+commit, or after an ambiguous commit), dead channels, passing time and shutdowns. The writer is
+a fake; the deliveries are the recorder's own ``AmqpDelivery`` objects and the flusher acks
+through ``ack_each``, the ack path production uses: only the AMQP channel under them is fake.
+It decodes the frames ``ack_each`` writes to the connection's write queue back into Basic.Ack
+frames and records every call per delivery tag, so the test can check each delivery:
 
 - acked only if its record was committed before the ack, never twice, never after another
-  outcome; every delivery on a live channel ends in exactly one outcome;
+  outcome, never with ``multiple``; every delivery on a live channel ends in exactly one outcome;
 - rejected or dead-lettered only for a row the database refuses (poison), never for an outage;
   dead-lettered exactly on its last allowed delivery (or released, when the DLQ refuses it);
 - released only by a flush that met a transient failure, or by a DLQ that refused;
@@ -18,21 +21,24 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal
 from functools import partial
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
+from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pamqp import commands
+from pamqp.header import ContentHeader
 
 from bulk_recorder import flusher as flusher_module
 from bulk_recorder.collector import BulkCollector
 from bulk_recorder.errors import DataRejected, TransientDbError
-from bulk_recorder.flusher import Backoff, DeadLetterResult, Flusher, Pending
+from bulk_recorder.flusher import Backoff, Flusher, Pending
 from bulk_recorder.metrics import Metrics
 from bulk_recorder.records import CreditAnnotation, Record
 from bulk_recorder.writer import (
@@ -42,6 +48,8 @@ from bulk_recorder.writer import (
     dedupe_sorted,
     rows_per_insert,
 )
+from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
+from tests.faults.amqp_tap import FrameReader
 
 DELIVERY_LIMIT = 3
 RELEASE_AFTER_S = 2.5  # each retry advances the fake clock by 1 s: released on the 3rd failure
@@ -73,74 +81,161 @@ class StepBackoff(Backoff):
 
 
 @dataclass(eq=False)
-class FakeChannel:
-    number: int
-    open: bool = True
-
-
-@dataclass(eq=False)
 class Call:
     action: str
     ok: bool
     committed: bool  # was the record committed when the call was made
     batch_transients: int  # transient failures met by the flush that made the call
+    multiple: bool = False
 
 
-class FakeDelivery:
-    def __init__(
-        self, n: int, record_id: str, count: int, channel: FakeChannel, world: World
-    ) -> None:
-        self.n = n
-        self.record_id = record_id
-        self._count = count
+class FakeWriteQueue:
+    """The connection's write queue: decodes what ``ack_each`` marshals, one Basic.Ack a tag."""
+
+    def __init__(self, channel: FakeChannel) -> None:
         self.channel = channel
+
+    async def put(self, frame: ChannelFrame) -> None:
+        await asyncio.sleep(0)
+        for number, value in FrameReader(client_side=False).feed(frame.payload):
+            assert number == self.channel.number, (number, self.channel.number)
+            assert isinstance(value, commands.Basic.Ack), value
+            self.channel.settle(value.delivery_tag, "ack", multiple=bool(value.multiple))
+
+
+class FakeConnection:
+    def __init__(self, channel: FakeChannel) -> None:
+        self.write_queue = FakeWriteQueue(channel)
+        self.channels = {channel.number: channel}  # aiormq frees the number when it closes
+
+
+class FakeCloseEvent:
+    """aiormq's private close event, which the lean ack path checks: set once closing."""
+
+    def __init__(self, channel: FakeChannel) -> None:
+        self.channel = channel
+
+    def is_set(self) -> bool:
+        return not self.channel.open
+
+
+class FakeChannel:
+    """What AmqpDelivery and ack_each use of an aiormq channel; records each settle by tag."""
+
+    def __init__(self, number: int, world: World) -> None:
+        self.number = number
+        self.open = True
         self.world = world
-        self.calls: list[Call] = []
-        self.channel_open_at_settle: bool | None = None
+        self.connection = FakeConnection(self)
+        self._Channel__close_event = FakeCloseEvent(self)
+        self.deliveries: dict[int, Tracked] = {}
 
     @property
-    def delivery_count(self) -> int:
-        return self._count
+    def is_closed(self) -> bool:
+        return not self.open
 
-    def alive(self) -> bool:
-        return self.channel.open
+    def deliver(self, tracked: Tracked) -> int:
+        tag = len(self.deliveries) + 1  # tags count from 1 on each channel
+        self.deliveries[tag] = tracked
+        return tag
 
-    def _call(self, action: str) -> bool:
-        ok = self.channel.open
-        self.channel_open_at_settle = ok
-        self.calls.append(
+    def settle(self, tag: int, action: str, *, multiple: bool = False) -> None:
+        tracked = self.deliveries[tag]  # KeyError: a tag this channel never delivered
+        if action == "ack" and tracked.settle_as is not None:
+            action = tracked.settle_as  # a copy was published (DLQ or queue), then acked
+        tracked.calls.append(
             Call(
                 action,
-                ok,
-                self.record_id in self.world.writer.committed,
+                self.open,
+                tracked.record_id in self.world.writer.committed,
                 self.world.writer.transients_by_batch.get(_batch_id.get(), 0),
+                multiple,
             )
         )
-        return ok
+        tracked.channel_open_at_settle = self.open
 
-    async def ack(self) -> bool:
+    async def basic_ack(self, tag: int, multiple: bool = False, wait: bool = True) -> None:
         await asyncio.sleep(0)
-        return self._call("ack")
+        self.settle(tag, "ack", multiple=multiple)
 
-    async def reject(self) -> bool:
+    async def basic_reject(self, tag: int, requeue: bool = True) -> None:
+        assert requeue
         await asyncio.sleep(0)
-        return self._call("reject")
+        self.settle(tag, "reject")
 
-    async def release(self) -> bool:
+    async def basic_nack(self, tag: int, multiple: bool = False, requeue: bool = True) -> None:
+        assert requeue
         await asyncio.sleep(0)
-        return self._call("release")
+        self.settle(tag, "release", multiple=multiple)
 
-    async def dead_letter(self, reason: str) -> DeadLetterResult:
+
+class FakeDeadLetterer(DeadLetterer):
+    """Publishes nowhere, but marks the delivery: AmqpDelivery then acks it on its channel, and
+    that ack is recorded as the dead-letter (or release) outcome. While ``world.dlq_refuses``
+    the dead-letter copy is refused; with no hold (``hold_s`` 0) the delivery is then released,
+    a copy back to the queue, as the recorder does once its hold runs out."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.hold_s = 0.0
+        self.backoff = Backoff()
+
+    @staticmethod
+    def _tracked(message: DeliveredMessage) -> Tracked:
+        channel = cast(FakeChannel, message.channel)
+        assert message.delivery_tag is not None
+        return channel.deliveries[message.delivery_tag]
+
+    async def dead_letter(
+        self, message: DeliveredMessage, reason: str, wanted: Callable[[], bool]
+    ) -> str | None:
         assert reason.startswith("database refused the row: ")
         await asyncio.sleep(0)
-        if self.world.dlq_refuses and self.channel.open:
-            # held while the DLQ refuses, then released (a copy back to the queue)
-            await asyncio.sleep(0)
-            self._call("dead_letter_released")
-            return DeadLetterResult.RELEASED
-        if self._call("dead_letter"):
-            return DeadLetterResult.DEAD_LETTERED
-        return DeadLetterResult.DROPPED
+        tracked = self._tracked(message)
+        tracked.dead_letter_tried = True
+        if self.world.dlq_refuses:
+            return "the DLQ refused the copy (test)"
+        tracked.settle_as = "dead_letter"
+        return None
+
+    async def requeue(self, message: DeliveredMessage, wanted: Callable[[], bool]) -> str | None:
+        await asyncio.sleep(0)
+        tracked = self._tracked(message)
+        tracked.settle_as = "dead_letter_released" if tracked.dead_letter_tried else "release"
+        return None
+
+    async def pause(self, seconds: float) -> bool:
+        return False
+
+
+class Tracked:
+    """What the test remembers of one delivery: its record, its channel, the calls made."""
+
+    def __init__(self, n: int, record_id: str, count: int, channel: FakeChannel) -> None:
+        self.n = n
+        self.record_id = record_id
+        self.delivery_count = count
+        self.channel = channel
+        self.calls: list[Call] = []
+        self.channel_open_at_settle: bool | None = None
+        self.settle_as: str | None = None  # what the next ack on its channel stands for
+        self.dead_letter_tried = False
+
+
+def amqp_delivery(tracked: Tracked, dead_letterer: FakeDeadLetterer) -> AmqpDelivery:
+    channel = tracked.channel
+    tag = channel.deliver(tracked)
+    message = DeliveredMessage(
+        delivery=commands.Basic.Deliver(consumer_tag="ctag", delivery_tag=tag),
+        header=ContentHeader(
+            properties=commands.Basic.Properties(
+                headers={"x-delivery-count": tracked.delivery_count}
+            )
+        ),
+        body=b"",
+        channel=cast(AbstractChannel, channel),
+    )
+    return AmqpDelivery(cast(AbstractChannel, channel), message, dead_letterer)
 
 
 class FakeWriter:
@@ -189,13 +284,18 @@ class World:
     clock: Clock = field(default_factory=Clock)
     writer: FakeWriter = field(default_factory=FakeWriter)
     metrics: Metrics = field(default_factory=Metrics)
-    deliveries: list[FakeDelivery] = field(default_factory=list)
-    channels: list[FakeChannel] = field(default_factory=lambda: [FakeChannel(0), FakeChannel(1)])
+    dead_letterer: FakeDeadLetterer = field(init=False)
+    deliveries: list[Tracked] = field(default_factory=list)
+    channels: list[FakeChannel] = field(default_factory=list)
     batches: list[tuple[list[Pending], str]] = field(default_factory=list)
     releases_signalled: int = 0
     dlq_refuses: bool = False
     next_batch: int = 0
     dropped_from_buffer: int = 0
+
+    def __post_init__(self) -> None:
+        self.channels = [FakeChannel(1, self), FakeChannel(2, self)]
+        self.dead_letterer = FakeDeadLetterer(self)
 
 
 def _record(record_id: str) -> CreditAnnotation:
@@ -213,7 +313,7 @@ def _record(record_id: str) -> CreditAnnotation:
 
 
 def _on_channel(channel: FakeChannel, pending: Pending) -> bool:
-    return getattr(pending.delivery, "channel", None) is channel
+    return getattr(pending.delivery, "channel", None) is channel  # as the recorder drops them
 
 
 # -- steps ----------------------------------------------------------------------------------
@@ -257,6 +357,7 @@ async def run(world: World, size: int, plan: list[tuple[Any, ...]]) -> Flusher:
         release_after_s=RELEASE_AFTER_S,
         backoff=StepBackoff(world.clock),
         on_release=on_release,
+        ack_many=ack_each,  # as the recorder builds it (consumer/app.py)
     )
     collector: BulkCollector[Pending] = BulkCollector(
         size, 3600, lambda batch, reason: world.batches.append((batch, reason))
@@ -290,10 +391,11 @@ async def run(world: World, size: int, plan: list[tuple[Any, ...]]) -> Flusher:
                     record_id = f"r{n:04d}"
                     if poison:
                         world.writer.poison.add(record_id)
-                delivery = FakeDelivery(n, record_id, count, world.channels[slot], world)
-                world.deliveries.append(delivery)
+                tracked = Tracked(n, record_id, count, world.channels[slot])
+                world.deliveries.append(tracked)
                 metrics.messages_received.inc()
                 metrics.buffer_messages.inc()
+                delivery = amqp_delivery(tracked, world.dead_letterer)
                 collector.add(Pending(_record(record_id), delivery))
             elif kind in ("timeout", "shutdown"):
                 collector.flush(kind)
@@ -307,7 +409,8 @@ async def run(world: World, size: int, plan: list[tuple[Any, ...]]) -> Flusher:
                 _, slot, drop = step
                 dead = world.channels[slot]
                 dead.open = False
-                world.channels[slot] = FakeChannel(dead.number + 2)
+                # the new connection's channel has the same number, and tags count from 1 again
+                world.channels[slot] = FakeChannel(dead.number, world)
                 if drop:
                     gone = collector.drop(partial(_on_channel, dead))
                     metrics.messages_dropped.inc(len(gone))
@@ -361,6 +464,7 @@ def test_flusher_acks_exactly_the_committed_deliveries(
             assert not d.channel.open, d.n
             continue
         call = d.calls[0]
+        assert not call.multiple, f"delivery {d.n} settled with multiple=True"
         if not call.ok:
             failed_calls += 1
             assert not d.channel_open_at_settle

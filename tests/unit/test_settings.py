@@ -104,6 +104,8 @@ def test_per_message_mode(
         ("RABBITMQ_URL", "http://x"),
         ("LOG_FORMAT", "xml"),
         ("LOG_LEVEL", "LOUD"),
+        ("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", "0"),
+        ("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", "soon"),
     ],
 )
 def test_bad_value_names_the_variable(clean_env: pytest.MonkeyPatch, name: str, value: str) -> None:
@@ -113,6 +115,14 @@ def test_bad_value_names_the_variable(clean_env: pytest.MonkeyPatch, name: str, 
     message = str(info.value)
     assert name in message
     assert repr(value) in message
+
+
+def test_database_command_timeout(clean_env: pytest.MonkeyPatch) -> None:
+    """15 s unless set: how long a statement may go unanswered before it is an outage."""
+    clean_env.delenv("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", raising=False)
+    assert load_settings().bulk_recorder_db_command_timeout_s == 15.0
+    clean_env.setenv("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", "2.5")
+    assert load_settings().bulk_recorder_db_command_timeout_s == 2.5
 
 
 def test_settings_are_immutable() -> None:

@@ -1,0 +1,68 @@
+"""Holding the recorder's flush at a PostgreSQL lock, and seeing that it waits there.
+
+A test session takes a table lock (a "gate"); the recorder's next statement on that table waits
+for it. While it waits, the test knows exactly where the flush is, and can inject a fault there
+(terminate the backend, close a deadlock cycle, commit a concurrent update) as many times as it
+likes: every retry of the flush comes back to the same gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import asyncpg
+
+from tests.conftest import wait_for
+
+GATE_MODE = "SHARE ROW EXCLUSIVE"  # blocks INSERT and UPDATE (ROW EXCLUSIVE), not SELECT
+
+_RELATION_WAITERS = """
+SELECT pid FROM pg_locks
+WHERE locktype = 'relation' AND relation = $1::regclass AND NOT granted
+  AND NOT pid = ANY($2::int[])
+ORDER BY pid
+"""
+_XACT_WAITER = """
+SELECT count(*) > 0 FROM pg_locks
+WHERE locktype = 'transactionid' AND NOT granted AND pid = $1
+"""
+
+
+async def relation_waiters(
+    conn: asyncpg.Connection, relation: str, exclude: Collection[int] = ()
+) -> list[int]:
+    """Backends waiting for a lock on ``relation`` (other than the ``exclude`` pids)."""
+    rows = await conn.fetch(_RELATION_WAITERS, relation, list(exclude))
+    return [int(r[0]) for r in rows]
+
+
+async def wait_for_relation_waiter(
+    conn: asyncpg.Connection,
+    relation: str,
+    exclude: Collection[int] = (),
+    timeout: float = 30,
+) -> int:
+    """The pid of a backend waiting for ``relation`` once there is one."""
+    found: list[int] = []
+
+    async def waiting() -> bool:
+        found[:] = await relation_waiters(conn, relation, exclude)
+        return bool(found)
+
+    await wait_for(waiting, timeout=timeout, interval=0.02)
+    return found[0]
+
+
+async def wait_for_xact_waiter(conn: asyncpg.Connection, pid: int, timeout: float = 30) -> None:
+    """Until backend ``pid`` waits for another transaction (e.g. on a duplicate key)."""
+
+    async def waiting() -> bool:
+        return bool(await conn.fetchval(_XACT_WAITER, pid))
+
+    await wait_for(waiting, timeout=timeout, interval=0.02)
+
+
+async def close_gate(conn: asyncpg.Connection, table: str) -> None:
+    """Begin a transaction on ``conn`` that holds ``table`` against writers until it ends."""
+    await conn.execute("BEGIN")
+    await conn.execute(f"LOCK TABLE {table} IN {GATE_MODE} MODE")

@@ -1,0 +1,244 @@
+"""Targeted mutants of the guarantee-critical code: each one a bug a promise forbids.
+
+A mutant is one exact replacement in one file: ``old`` must occur exactly once (the runner
+refuses to run otherwise), ``new`` is the bug. ``tests`` are the tests named for the promise it
+breaks (the README's Guarantees table): run alone on a scratch copy of the repository with the
+mutant applied, at least one of them must fail. ``fast`` mutants (killed in seconds) take turns
+in ``make test``; ``make mutants`` runs them all. How to add one: see the README ("Mutants").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Mutant:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # must occur exactly once in the file
+    new: str
+    promise: str  # the Guarantees-table promise it breaks
+    tests: tuple[str, ...]  # pytest node ids named for that promise
+    fast: bool = False  # cheap enough for the rotating subset in `make test`
+
+
+# The promises, as the Guarantees table names them.
+EXACTLY_ONCE = "At-least-once in, exactly-once effect"
+ACK_AFTER_COMMIT = "Ack after commit, one delivery at a time"
+REFUSED_ROW = "A row PostgreSQL refuses is isolated"
+OUTAGE = "An outage is not bad data"
+BROKER_LOSS = "Broker loss"
+REPLICAS = "Replicas"
+SHUTDOWN = "Orderly shutdown"
+BAD_SETTINGS = "Bad settings fail at start-up"
+PRODUCER = "Producer side"
+
+T_RECORDER = "tests/integration/test_recorder.py::"
+T_BALANCES = "tests/integration/test_balances.py::"
+T_E2E = "tests/integration/test_e2e.py::"
+T_OUTBOX = "tests/integration/test_outbox.py::"
+T_API = "tests/integration/test_api.py::"
+T_PROPERTY = "tests/unit/test_flusher_property.py::"
+T_FRAMES = "tests/faults/test_ack_frames.py::"
+T_DB_ERRORS = "tests/faults/test_db_errors.py::"
+T_OUTAGE = "tests/faults/test_db_outage.py::"
+
+SORTED_KEYS_TESTS = (
+    T_BALANCES + "test_every_write_sends_its_keys_in_sorted_order",
+    T_BALANCES + "test_concurrent_writers_on_hot_accounts_neither_deadlock_nor_drift",
+)
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        name="ack-before-commit",
+        path="bulk_recorder/flusher.py",
+        old="                await self._isolate(live, outcome)\n",
+        new=(
+            "                outcome.committed.extend(live)\n"
+            "                await self._settle(outcome, [])\n"
+            "                outcome.committed.clear()\n"
+            "                await self._isolate(live, _Outcome())\n"
+        ),
+        promise=ACK_AFTER_COMMIT,
+        tests=(
+            T_RECORDER + "test_no_delivery_is_acked_before_its_row_is_committed",
+            T_FRAMES + "test_every_ack_frame_is_single_once_on_its_channel_and_after_its_commit",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="ack-multiple",
+        path="consumer/delivery.py",
+        old="spec.Basic.Ack(delivery_tag=t)",
+        new="spec.Basic.Ack(delivery_tag=t, multiple=True)",
+        promise=ACK_AFTER_COMMIT,
+        tests=(
+            T_PROPERTY + "test_flusher_acks_exactly_the_committed_deliveries",
+            T_FRAMES + "test_every_ack_frame_is_single_once_on_its_channel_and_after_its_commit",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="no-on-conflict-transactions",
+        path="bulk_recorder/writer.py",
+        old="          metadata)\nON CONFLICT (id) DO NOTHING\n",
+        new="          metadata)\n",
+        promise=EXACTLY_ONCE,
+        tests=(
+            T_RECORDER + "test_duplicates_give_one_row_and_count_as_ignored",
+            T_RECORDER + "test_a_duplicate_in_a_later_flush_changes_nothing",
+        ),
+    ),
+    Mutant(
+        name="no-on-conflict-annotations",
+        path="bulk_recorder/writer.py",
+        old="reason)\nON CONFLICT (id) DO NOTHING\n",
+        new="reason)\n",
+        promise=EXACTLY_ONCE,
+        tests=(
+            T_RECORDER + "test_duplicates_give_one_row_and_count_as_ignored",
+            T_RECORDER + "test_a_duplicate_in_a_later_flush_changes_nothing",
+        ),
+    ),
+    Mutant(
+        name="balances-for-old-ids",
+        path="bulk_recorder/writer.py",
+        old="deltas = balance_deltas(fresh)",
+        new="deltas = balance_deltas(txs)",
+        promise=EXACTLY_ONCE,
+        tests=(
+            T_RECORDER + "test_duplicates_give_one_row_and_count_as_ignored",
+            T_RECORDER + "test_a_duplicate_in_a_later_flush_changes_nothing",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="unsorted-balance-keys",
+        path="bulk_recorder/writer.py",
+        old="keys = sorted(deltas)",
+        new="keys = list(deltas)",
+        promise=REPLICAS,
+        tests=SORTED_KEYS_TESTS,
+        fast=True,
+    ),
+    Mutant(
+        name="unsorted-ids",
+        path="bulk_recorder/writer.py",
+        old="unique = sorted(seen.values(), key=_record_id)",
+        new="unique = list(seen.values())",
+        promise=REPLICAS,
+        tests=SORTED_KEYS_TESTS,
+        fast=True,
+    ),
+    Mutant(
+        name="unsorted-operation-ids",
+        path="bulk_recorder/writer.py",
+        old="key=lambda pair: pair[0].id",
+        new="key=lambda pair: pair[1].id",
+        promise=REPLICAS,
+        tests=SORTED_KEYS_TESTS,
+        fast=True,
+    ),
+    Mutant(
+        name="outage-codes-as-data",
+        path="bulk_recorder/errors.py",
+        old='_DATA_CLASSES = ("22", "23", "54")',
+        new='_DATA_CLASSES = ("22", "23", "54", "40", "57")',
+        promise=OUTAGE,
+        tests=(
+            T_DB_ERRORS + "test_admin_shutdown_of_the_flush_is_an_outage",
+            T_DB_ERRORS + "test_deadlock_victim_flush_is_an_outage",
+            T_DB_ERRORS + "test_serialization_failure_of_the_flush_is_an_outage",
+        ),
+    ),
+    Mutant(
+        name="every-db-error-as-data",
+        path="bulk_recorder/errors.py",
+        old='return TransientDbError(f"{type(exc).__name__}: {exc}"[:300])',
+        new='return DataRejected(f"{type(exc).__name__}: {exc}"[:300])',
+        promise=OUTAGE,
+        tests=(
+            T_OUTAGE + "test_outage_pauses_marks_not_ready_and_dead_letters_nothing",
+            T_OUTAGE + "test_sigterm_during_an_outage_then_a_recorder_started_while_the_database"
+            "_is_down",
+        ),
+    ),
+    Mutant(
+        name="poison-acked",
+        path="bulk_recorder/flusher.py",
+        old="outcome.poison.append((items[0], exc.reason))",
+        new="outcome.committed.append(items[0])",
+        promise=REFUSED_ROW,
+        tests=(
+            T_PROPERTY + "test_flusher_acks_exactly_the_committed_deliveries",
+            "tests/faults/test_poison.py::test_refused_rows_are_isolated_retried_then_dead_lettered",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="no-final-flush",
+        path="consumer/app.py",
+        old='self._collector.flush("shutdown")',
+        new="pass",
+        promise=SHUTDOWN,
+        tests=(
+            T_E2E + "test_sigterm_with_records_still_buffered_commits_and_acks_them_all",
+            T_RECORDER + "test_shutdown_flushes_the_partial_batch_and_acks_it",
+        ),
+    ),
+    Mutant(
+        name="stale-tags-acked-on-the-new-channel",
+        path="consumer/app.py",
+        old="ack_many=ack_each,",
+        new=(
+            "ack_many=lambda ds: ack_each([AmqpDelivery(self._channel or d.channel, d._message,"
+            " d._dead_letterer) for d in ds]),"
+        ),
+        promise=BROKER_LOSS,
+        tests=(
+            T_FRAMES + "test_a_flush_whose_channel_died_mid_write_is_never_acked_on_the_new"
+            "_channel",
+        ),
+    ),
+    Mutant(
+        name="outbox-row-deleted-before-the-confirm",
+        path="bulk_recorder/outbox.py",
+        old="rows = await conn.fetch(_CLAIM, self.config.batch_size)\n",
+        new=(
+            "rows = await conn.fetch(_CLAIM, self.config.batch_size)\n"
+            '            await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
+        ),
+        promise=PRODUCER,
+        tests=(T_OUTBOX + "test_publishes_without_a_confirm_leave_their_rows_in_the_outbox",),
+    ),
+    Mutant(
+        name="job-idempotency-key-not-checked",
+        path="bulk_recorder/api.py",
+        old="_INSERT_JOB,\n                        job_id,\n                        key,\n",
+        new="_INSERT_JOB,\n                        job_id,\n                        None,\n",
+        promise=PRODUCER,
+        tests=(T_API + "test_job_idempotency_key_returns_the_same_job",),
+        fast=True,
+    ),
+    Mutant(
+        name="transaction-idempotency-key-not-checked",
+        path="bulk_recorder/api.py",
+        old="_INSERT_REQUEST, record.id, key, request_hash",
+        new="_INSERT_REQUEST, record.id, None, request_hash",
+        promise=PRODUCER,
+        tests=(T_API + "test_async_transaction_202_with_one_outbox_row_and_repeats_answered_once",),
+        fast=True,
+    ),
+    Mutant(
+        name="bad-setting-exit-code-1",
+        path="consumer/cli.py",
+        old='print(f"bulk-recorder: {exc}", file=sys.stderr)\n        return EXIT_SETTINGS\n',
+        new='print(f"bulk-recorder: {exc}", file=sys.stderr)\n        return 1\n',
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/faults/test_bad_input.py::test_a_bad_setting_stops_consume_naming_the_variable",
+        ),
+        fast=True,
+    ),
+)

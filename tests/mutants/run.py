@@ -1,0 +1,298 @@
+"""Run the mutants of tests/mutants/mutants.py: each on a scratch copy, only its own tests.
+
+    python -m tests.mutants.run                 # every mutant (`make mutants`)
+    python -m tests.mutants.run --baseline      # first check the named tests pass unmutated
+    python -m tests.mutants.run --subset 2      # two fast mutants, a different pair each day
+    python -m tests.mutants.run --only NAME ... # these mutants
+    python -m tests.mutants.run --list          # names, promises and tests
+    python -m tests.mutants.run --each          # every named test on its own: which ones kill
+
+For each mutant the repository's tracked files (as they are in the working tree) are copied to
+a temporary directory, the one replacement is applied there, and this repository's virtualenv
+python runs pytest on the mutant's tests with that directory as the working directory and the
+only source of ``bulk_recorder``, ``consumer`` and ``settings``. A failing test kills the mutant;
+passing tests mean it survived; anything else (no tests collected, an interrupted run, a
+timeout) is an error. Every snippet is checked before anything runs: one that does not occur
+exactly once stops the run. The last line is ``mutants: N killed, M survived``; the exit status
+is 0 only when every mutant was killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.mutants.mutants import MUTANTS, Mutant
+
+REPO = Path(__file__).resolve().parents[2]
+PER_MUTANT_TIMEOUT_S = 900
+_SKIP_WHEN_NO_GIT = {
+    ".git",
+    ".venv",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+    "build",
+    "dist",
+}
+
+
+class SnippetError(Exception):
+    """A mutant's ``old`` snippet does not occur exactly once in its file."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    mutant: Mutant
+    status: str  # "killed", "survived" or "error"
+    seconds: float
+    detail: str
+
+
+def mutate(text: str, mutant: Mutant) -> str:
+    """``text`` with the mutant's one replacement; SnippetError unless ``old`` occurs once."""
+    found = text.count(mutant.old)
+    if found != 1:
+        raise SnippetError(
+            f"{mutant.name}: the snippet occurs {found} times in {mutant.path}, not once:\n"
+            f"{mutant.old!r}"
+        )
+    return text.replace(mutant.old, mutant.new)
+
+
+def check_snippets(mutants: Iterable[Mutant], root: Path = REPO) -> list[str]:
+    """Problems with the snippets: each must occur once, and change something."""
+    problems = []
+    for mutant in mutants:
+        path = root / mutant.path
+        if not path.is_file():
+            problems.append(f"{mutant.name}: no file {mutant.path}")
+            continue
+        try:
+            mutate(path.read_text(), mutant)
+        except SnippetError as exc:
+            problems.append(str(exc))
+        if mutant.old == mutant.new:
+            problems.append(f"{mutant.name}: the replacement changes nothing")
+        if not mutant.tests:
+            problems.append(f"{mutant.name}: no tests named")
+    return problems
+
+
+def tracked_files(root: Path = REPO) -> list[Path]:
+    """The repository's files: what git tracks or would (not ignored), or, without git, every
+    file outside caches and the virtualenv."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return [
+            p.relative_to(root)
+            for p in root.rglob("*")
+            if p.is_file()
+            and not _SKIP_WHEN_NO_GIT.intersection(p.relative_to(root).parts)
+            and not any(part.endswith(".egg-info") for part in p.parts)
+        ]
+    return [Path(name) for name in out.decode().split("\0") if name]
+
+
+def scratch_copy(destination: Path, root: Path = REPO) -> None:
+    for relative in tracked_files(root):
+        source = root / relative
+        if not source.is_file():  # deleted in the working tree
+            continue
+        target = destination / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def python() -> str:
+    venv = REPO / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def child_env(scratch: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # The scratch copy first, for pytest and for every child process the tests start.
+    env["PYTHONPATH"] = str(scratch)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("SOAK", None)
+    return env
+
+
+def assert_imports_from(scratch: Path) -> None:
+    """Fail loudly unless the scratch copy, not the repository, is what the tests import."""
+    probe = (
+        "import bulk_recorder, consumer, settings;"
+        "print(bulk_recorder.__file__, consumer.__file__, settings.__file__)"
+    )
+    out = subprocess.run(
+        [python(), "-c", probe],
+        cwd=scratch,
+        env=child_env(scratch),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    resolved = scratch.resolve()
+    wrong = [f for f in out if not Path(f).resolve().is_relative_to(resolved)]
+    if wrong:
+        raise SystemExit(f"the scratch copy is not what gets imported: {wrong}")
+
+
+def run_tests(scratch: Path, tests: Sequence[str], log: Path) -> tuple[int, float]:
+    command = [python(), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    started = time.monotonic()
+    with log.open("wb") as out:
+        try:
+            code = subprocess.run(
+                command,
+                cwd=scratch,
+                env=child_env(scratch),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=PER_MUTANT_TIMEOUT_S,
+                check=False,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+    return code, time.monotonic() - started
+
+
+def first_failure(log: Path) -> str:
+    text = log.read_text(errors="replace")
+    match = re.search(r"^(?:FAILED|ERROR) (\S+)", text, re.MULTILINE)
+    return match.group(1) if match else text.strip().splitlines()[-1] if text.strip() else ""
+
+
+def run_mutant(
+    mutant: Mutant, logs: Path, baseline: bool = False, tests: Sequence[str] | None = None
+) -> Outcome:
+    with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
+        scratch = Path(tmp)
+        scratch_copy(scratch)
+        if not baseline:
+            path = scratch / mutant.path
+            path.write_text(mutate(path.read_text(), mutant))
+        assert_imports_from(scratch)
+        suffix = f"-{len(list(logs.glob(mutant.name + '*')))}" if tests else ""
+        log = logs / f"{'baseline-' if baseline else ''}{mutant.name}{suffix}.log"
+        code, seconds = run_tests(scratch, tests or mutant.tests, log)
+    if code == 1:
+        return Outcome(mutant, "killed", seconds, first_failure(log))
+    if code == 0:
+        return Outcome(mutant, "survived", seconds, f"all named tests passed (log {log})")
+    reason = "timed out" if code == -1 else f"pytest exit code {code}"
+    return Outcome(mutant, "error", seconds, f"{reason}: {first_failure(log)} (log {log})")
+
+
+def each_test(chosen: Sequence[Mutant], logs: Path) -> int:
+    """Which of a mutant's named tests kill it, each run on its own (for the README's table)."""
+    lame = 0
+    for mutant in chosen:
+        for test in mutant.tests:
+            outcome = run_mutant(mutant, logs, tests=[test])
+            lame += outcome.status != "killed"
+            seconds = f"{outcome.seconds:.0f} s"
+            print(f"{outcome.status:8} {mutant.name} <- {test} ({seconds})", flush=True)
+    print(f"named tests that did not kill their mutant: {lame}")
+    return 0
+
+
+def subset(count: int, key: int) -> list[Mutant]:
+    """``count`` fast mutants, starting at ``key`` (a day number): all take turns."""
+    fast = [m for m in MUTANTS if m.fast]
+    start = (key * count) % len(fast)
+    return [fast[(start + i) % len(fast)] for i in range(min(count, len(fast)))]
+
+
+def select(args: argparse.Namespace) -> list[Mutant]:
+    if args.only:
+        by_name = {m.name: m for m in MUTANTS}
+        unknown = [n for n in args.only if n not in by_name]
+        if unknown:
+            raise SystemExit(f"unknown mutants: {', '.join(unknown)}")
+        return [by_name[n] for n in args.only]
+    if args.subset:
+        key = args.rotation if args.rotation is not None else datetime.date.today().toordinal()
+        return subset(args.subset, key)
+    return list(MUTANTS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--only", nargs="+", metavar="NAME")
+    parser.add_argument("--subset", type=int, metavar="N", help="N fast mutants, rotating daily")
+    parser.add_argument("--rotation", type=int, help="rotation key instead of today's date")
+    parser.add_argument("--baseline", action="store_true", help="check the tests pass unmutated")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--each", action="store_true", help="run each named test on its own")
+    parser.add_argument("--logs", type=Path, help="keep the pytest logs here")
+    args = parser.parse_args(argv)
+    chosen = select(args)
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}{' (fast)' if m.fast else ''}: {m.promise}")
+            for test in m.tests:
+                print(f"    {test}")
+        return 0
+    problems = check_snippets(chosen)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        print(f"mutants: 0 killed, 0 survived ({len(problems)} snippets do not apply)")
+        return 2
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="mutant-logs-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    if args.baseline:
+        tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
+        base = Mutant("unmutated", "", "", "", "", tuple(tests))
+        outcome = run_mutant(base, logs, baseline=True)
+        print(f"baseline: {len(tests)} named tests, {outcome.seconds:.0f} s", flush=True)
+        if outcome.status != "survived":  # unmutated, every named test must pass
+            print(f"error: the named tests fail without any mutant: {outcome.detail}")
+            print("mutants: 0 killed, 0 survived (baseline failed)")
+            return 2
+    if args.each:
+        return each_test(chosen, logs)
+    outcomes = []
+    for mutant in chosen:
+        outcome = run_mutant(mutant, logs)
+        outcomes.append(outcome)
+        print(
+            f"{outcome.status:8} {mutant.name} ({outcome.seconds:.0f} s): {outcome.detail}",
+            flush=True,
+        )
+    killed = sum(o.status == "killed" for o in outcomes)
+    survived = sum(o.status == "survived" for o in outcomes)
+    errors = sum(o.status == "error" for o in outcomes)
+    everything_killed = killed == len(outcomes)
+    if everything_killed and args.logs is None:
+        shutil.rmtree(logs, ignore_errors=True)  # nothing to look at
+        print(f"total {time.monotonic() - started:.0f} s", flush=True)
+    else:
+        print(f"total {time.monotonic() - started:.0f} s; logs in {logs}", flush=True)
+    suffix = f" ({errors} errors)" if errors else ""
+    print(f"mutants: {killed} killed, {survived} survived{suffix}")
+    return 0 if everything_killed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

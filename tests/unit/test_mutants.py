@@ -1,0 +1,64 @@
+"""The mutant list stays runnable: every snippet occurs exactly once, every named test exists.
+
+Other changes move code under the mutants; this fails (in `make test`, in a second) as soon as
+one of them no longer applies, instead of `make mutants` discovering it later.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.mutants.mutants import MUTANTS, Mutant
+from tests.mutants.run import REPO, SnippetError, check_snippets, mutate, subset
+
+
+def test_every_snippet_applies_once_and_changes_something() -> None:
+    assert check_snippets(MUTANTS) == []
+
+
+def test_names_are_unique_and_some_are_fast_enough_for_make_test() -> None:
+    names = [m.name for m in MUTANTS]
+    assert len(names) == len(set(names))
+    assert any(m.fast for m in MUTANTS)
+
+
+def _test_functions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name.startswith("test_")
+    }
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name)
+def test_named_tests_exist(mutant: Mutant) -> None:
+    for node_id in mutant.tests:
+        file, _, name = node_id.partition("::")
+        assert name in _test_functions(REPO / file), node_id
+
+
+def test_a_mutated_file_still_parses() -> None:
+    for mutant in MUTANTS:
+        if mutant.path.endswith(".py"):
+            ast.parse(mutate((REPO / mutant.path).read_text(), mutant), mutant.path)
+
+
+def test_a_snippet_that_is_missing_or_repeated_is_refused() -> None:
+    mutant = Mutant("m", "x.py", "a = 1\n", "a = 2\n", "p", ("t",))
+    assert mutate("a = 1\n", mutant) == "a = 2\n"
+    with pytest.raises(SnippetError, match="0 times"):
+        mutate("b = 1\n", mutant)
+    with pytest.raises(SnippetError, match="2 times"):
+        mutate("a = 1\na = 1\n", mutant)
+
+
+def test_the_rotating_subset_visits_every_fast_mutant() -> None:
+    fast = {m.name for m in MUTANTS if m.fast}
+    seen = {m.name for day in range(len(fast)) for m in subset(2, day)}
+    assert seen == fast
+    assert len(subset(2, 0)) == min(2, len(fast))

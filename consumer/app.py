@@ -121,7 +121,8 @@ class Recorder:
         detail = f"broker {broker}, database {database}"
         alive = sum(not task.done() for task in self._workers)
         workers_ok = bool(self._workers) and alive == len(self._workers)
-        if not workers_ok or self._worker_restarts:
+        # Before the database is first reached no worker exists yet: "database down" says why.
+        if self._workers and (not workers_ok or self._worker_restarts):
             detail += f", flush workers {alive}/{len(self._workers)} alive"
             if self._worker_restarts:
                 detail += f" ({self._worker_restarts} restarted)"

@@ -32,7 +32,12 @@ import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes, endpoint, split_urls
-from consumer.delivery import ERROR_HEADER
+from consumer.delivery import (
+    ERROR_HEADER,
+    ORIGINAL_EXCHANGE_HEADER,
+    ORIGINAL_ROUTING_KEY_HEADER,
+    RETRIES_HEADER,
+)
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
@@ -43,8 +48,9 @@ REPLAY_HEADER = "x-bulk-recorder-replays"
 DEATH_HEADERS = frozenset(
     {
         ERROR_HEADER,
-        "x-bulk-recorder-original-exchange",
-        "x-bulk-recorder-original-routing-key",
+        ORIGINAL_EXCHANGE_HEADER,
+        ORIGINAL_ROUTING_KEY_HEADER,
+        RETRIES_HEADER,  # releases during an outage: a replayed message starts afresh
         "x-death",
         "x-delivery-count",
         "x-first-death-exchange",
@@ -94,7 +100,7 @@ def replayed_message(message: AbstractIncomingMessage) -> tuple[aio_pika.Message
     headers = {k: v for k, v in (message.headers or {}).items() if k not in DEATH_HEADERS}
     previous = headers.get(REPLAY_HEADER)
     headers[REPLAY_HEADER] = (previous if isinstance(previous, int) else 0) + 1
-    original_key = _text((message.headers or {}).get("x-bulk-recorder-original-routing-key"))
+    original_key = _text((message.headers or {}).get(ORIGINAL_ROUTING_KEY_HEADER))
     routing_key = message.type or original_key or "untyped"
     out = aio_pika.Message(
         body=message.body,

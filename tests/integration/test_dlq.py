@@ -101,7 +101,9 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
     make_settings, broker: Broker
 ) -> None:
     settings = make_settings()
-    await dead_letter(broker, b'{"a": 1}', "transaction", ours("database refused the row: 23505"))
+    # released twice during an outage (republished with a retry count), then refused for good
+    released = {**ours("database refused the row: 23505"), "x-bulk-recorder-retries": 2}
+    await dead_letter(broker, b'{"a": 1}', "transaction", released)
     await dead_letter(
         broker, b'{"b": 2}', "credit_annotation", {**BROKER_DEATH, REPLAY_HEADER: 2, "k": "v"}
     )
@@ -126,6 +128,7 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
         assert "x-death" not in message.headers
         assert not any(k.startswith("x-first-death") for k in message.headers)
         assert "x-bulk-recorder-original-routing-key" not in message.headers
+        assert "x-bulk-recorder-retries" not in message.headers  # a replay starts afresh
         assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
 
 

@@ -52,7 +52,12 @@ import asyncpg
 from aiormq.abc import AbstractChannel
 from asyncpg.pool import PoolConnectionProxy
 
-from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes
+from bulk_recorder.broker import (
+    BROKER_ERRORS,
+    BrokerNodes,
+    broker_failures_suppressed,
+    cancel_requested,
+)
 from bulk_recorder.db import DB_ERRORS, open_pool_when_ready, wait_or_stop
 from bulk_recorder.errors import renew_if_server_gone
 from bulk_recorder.flusher import Backoff
@@ -364,7 +369,7 @@ class Relay:
                 log.warning("broker not reachable (%r); rows wait in the outbox", exc)
                 log.debug("broker failure", exc_info=True)
             except asyncio.CancelledError:
-                if _cancelling():
+                if cancel_requested():
                     raise
                 # aiormq fails what waits on a connection it gave up on (heartbeat) this way
                 log.warning("broker connection cancelled under us; rows wait in the outbox")
@@ -404,7 +409,7 @@ class Relay:
             except DB_ERRORS as exc:
                 log.warning("outbox listener connection failed (%r); polling meanwhile", exc)
             except asyncio.CancelledError:
-                if _cancelling():
+                if cancel_requested():
                     raise
                 log.warning("outbox listener cancelled under us; polling meanwhile")
             except Exception:  # the listener is an optimisation: never let it die silently
@@ -429,7 +434,7 @@ class Relay:
             except DB_ERRORS as exc:
                 log.debug("outbox stats failed: %r", exc)
             except asyncio.CancelledError:
-                if _cancelling():
+                if cancel_requested():
                     raise
                 log.warning("outbox stats cancelled under us; retrying")
             except Exception:  # stale gauges would hide a growing backlog: log, keep going
@@ -455,7 +460,7 @@ class Relay:
                 db_failures += 1
                 continue
             except asyncio.CancelledError:
-                if _cancelling():
+                if cancel_requested():
                     raise  # a shutdown: the batch rolled back
                 # Not ours: a broker connection aiormq gave up on. The batch rolled back.
                 log.warning("outbox batch cancelled under us (broker lost); its rows stay")
@@ -531,7 +536,7 @@ class Relay:
                     # The broker closed the channel for this message alone.
                     outcomes[row["id"]] = ChannelRefusal(exc)
                 except asyncio.CancelledError as exc:
-                    if _cancelling():
+                    if cancel_requested():
                         raise
                     failure = exc  # aiormq gave up on the connection
                     break
@@ -600,7 +605,7 @@ class Relay:
             elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):
                 refused.append(row["id"])
                 reasons.append(_refusal_reason(outcome)[:500])
-            elif isinstance(outcome, asyncio.CancelledError) and _cancelling():
+            elif isinstance(outcome, asyncio.CancelledError) and cancel_requested():
                 raise outcome  # a shutdown while we settle
             else:
                 # No confirm: the channel or connection went away. aiormq fails a pending
@@ -654,27 +659,10 @@ def _log_death(task: asyncio.Task[None], delay: float) -> None:
         log.error("%s ended on its own; restarting it in %.1f s", name, delay)
 
 
-def _cancelling() -> bool:
-    """True when the current task itself is being cancelled (a shutdown).
-
-    aiormq fails every future that waits on a connection it closed (for a missed heartbeat, a
-    partition) with ``CancelledError``, in tasks nobody cancelled: that is a broker failure, to
-    be handled like any other, while a real cancellation must go through.
-    """
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
 async def _close_quietly(closable: aio_pika.abc.AbstractConnection | AbstractChannel) -> None:
     """Close a connection or channel; a broker that is away cannot make that fail."""
-    try:
+    with broker_failures_suppressed():
         await asyncio.wait_for(closable.close(), 10)
-    except BROKER_ERRORS as exc:
-        log.debug("closing %r failed: %r", closable, exc)
-    except asyncio.CancelledError:
-        if _cancelling():
-            raise
-        log.debug("closing %r was cancelled under us", closable)
 
 
 class ChannelRefusal(Exception):

@@ -39,7 +39,7 @@ from bulk_recorder.flusher import Backoff, Flusher, Pending, count_dead_letter, 
 from bulk_recorder.metrics import Metrics
 from bulk_recorder.records import RecordError, decode
 from bulk_recorder.writer import PgWriter, rows_per_insert
-from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
+from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, close_connection
 from consumer.health import HealthServer
 from consumer.publisher import Publisher
 from consumer.topology import Topology, declare_topology
@@ -506,7 +506,7 @@ class Recorder:
         connection = self._connection
         if connection is not None:
             with broker_failures_suppressed():
-                await asyncio.wait_for(connection.close(), 10)
+                await close_connection(connection, 10)
         publisher_stop.set()
         try:
             await asyncio.wait_for(publisher, 15)

@@ -35,6 +35,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import aio_pika
 import aiormq
 from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
 from pamqp import commands as spec
@@ -333,3 +334,43 @@ async def _write_acks(channel: AbstractChannel, tags: Sequence[int]) -> bool:
     except _CHANNEL_GONE:
         return False
     return True
+
+
+class _WriteMark:
+    """An empty frame for aiormq's connection writer: it calls ``drain()`` once every frame
+    queued before it has been handed to the socket and the socket drained."""
+
+    __slots__ = ("written",)
+
+    payload = b""
+    should_close = False
+    should_drain = True
+
+    def __init__(self, written: asyncio.Future[None]) -> None:
+        self.written = written
+
+    def drain(self) -> None:
+        if not self.written.done():
+            self.written.set_result(None)
+
+
+async def close_connection(connection: aio_pika.abc.AbstractConnection, within_s: float) -> None:
+    """Close the consuming connection at the end of an orderly stop, once the writer has
+    written every frame queued so far.
+
+    The stop's last acks (a flushed batch, a release) may still sit in the write queue. A close
+    marks the channels closing, and the lean path drops frames of a closing channel, as it must
+    when the broker closes it: an ack dropped after a release leaves the message in the queue
+    twice. So the writer is given, within ``within_s``, the time to write them first.
+    """
+    transport = getattr(connection, "transport", None)
+    if transport is not None and not transport.connection.is_closed:
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        closing = transport.connection.closing  # a connection lost meanwhile writes nothing more
+        try:
+            async with asyncio.timeout(within_s):
+                await transport.connection.write_queue.put(_WriteMark(written))
+                await asyncio.wait([written, closing], return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            log.warning("frames still unwritten after %.0f s; closing anyway", within_s)
+    await asyncio.wait_for(connection.close(), within_s)

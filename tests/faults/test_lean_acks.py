@@ -15,10 +15,11 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import aio_pika
 import aiormq
 import pytest
 
-from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
+from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, close_connection
 from tests.conftest import Services, wait_for
 
 pytestmark = [pytest.mark.rabbitmq]
@@ -102,3 +103,51 @@ async def test_acks_queued_before_the_close_are_dropped_when_the_writer_takes_th
     with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):
         await consuming.channel.closing
     assert queued.payload == b""
+
+
+async def test_acks_written_just_before_our_own_close_still_reach_the_broker(
+    services: Services,
+) -> None:
+    """At the end of an orderly stop the last acks sit in the write queue when the recorder closes
+    its connection. They must be written before the close, not dropped as if the broker had
+    closed the channel: a dropped ack after a release leaves the message twice in the queue."""
+    queue = f"brtest.lean.{uuid.uuid4().hex[:10]}"
+    async with aiormq.connect(services.rabbitmq_url) as setup_connection:
+        setup = await setup_connection.channel()
+        await setup.queue_declare(queue)
+        await asyncio.gather(
+            *(setup.basic_publish(b"x", routing_key=queue) for _ in range(MESSAGES))
+        )
+    connection = await aio_pika.connect(services.rabbitmq_url)
+    try:
+        channel = await (await connection.channel(publisher_confirms=False)).get_underlay_channel()
+        await channel.basic_qos(prefetch_count=MESSAGES)
+        delivered: list[aiormq.abc.DeliveredMessage] = []
+
+        async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
+            delivered.append(message)
+
+        await channel.basic_consume(queue, on_message)
+        await wait_for(lambda: len(delivered) == MESSAGES)
+        unused = DeadLetterer.__new__(DeadLetterer)  # never called: nothing is dead-lettered
+        # A large publish on another channel keeps the writer busy, as a full socket does.
+        other = await (await connection.channel(publisher_confirms=False)).get_underlay_channel()
+        busy = asyncio.ensure_future(
+            other.basic_publish(b"y" * 32_000_000, routing_key=f"{queue}.nowhere")
+        )
+        await asyncio.sleep(0)  # the big frame is queued first
+        assert await ack_each([AmqpDelivery(channel, m, unused) for m in delivered]) == MESSAGES
+        await close_connection(connection, 10)
+        await asyncio.gather(busy, return_exceptions=True)
+    finally:
+        await connection.close()
+    async with aiormq.connect(services.rabbitmq_url) as check_connection:
+        check = await check_connection.channel()
+
+        async def consumer_gone() -> bool:  # the queue has handled our channel's end
+            return (await check.queue_declare(queue, passive=True)).consumer_count == 0
+
+        await wait_for(consumer_gone)
+        left = (await check.queue_declare(queue, passive=True)).message_count
+        await check.queue_delete(queue)
+    assert left == 0, f"{left} of {MESSAGES} acked deliveries went back to the queue"

@@ -197,7 +197,8 @@ async def test_recorder_killed_mid_run_redeliveries_do_not_move_balances_twice(
     make_settings, start_recorder, broker, db, tmp_path: Path
 ) -> None:
     settings = make_settings(bulk_recorder_size=100)
-    txs = ledger(4, 5000)
+    count = 20_000  # large enough that the kill at 1,000 lands mid-run on a fast machine
+    txs = ledger(4, count)
     log_path = tmp_path / "recorder.log"
     conn = None
     with log_path.open("wb") as log_file:
@@ -224,16 +225,16 @@ async def test_recorder_killed_mid_run_redeliveries_do_not_move_balances_twice(
                 proc.wait()
     assert conn is not None
     before = await conn.fetchval("SELECT count(*) FROM transactions")
-    assert before < 5000, "the kill came too late to test anything"
+    assert before < count, "the kill came too late to test anything"
     recorder = await start_recorder(settings)
 
     async def done() -> bool:
-        return bool(await conn.fetchval("SELECT count(*) FROM transactions") == 5000)
+        return bool(await conn.fetchval("SELECT count(*) FROM transactions") == count)
 
     await wait_for(done, timeout=90)
     await wait_for(lambda: _queue_empty(broker), timeout=30)
     assert await balances(conn) == expected_balances(txs)
-    assert await conn.fetchval("SELECT count(*) FROM operations") == 10_000
+    assert await conn.fetchval("SELECT count(*) FROM operations") == 2 * count
     assert recorder.value("bulk_recorder_messages_dead_lettered_total", reason="validation") == 0
 
 

@@ -45,8 +45,10 @@ async def create_database_if_missing(dsn: str) -> bool:
             return False
         try:
             await conn.execute(f'CREATE DATABASE "{name.replace(chr(34), chr(34) * 2)}"')
-        except asyncpg.DuplicateDatabaseError:
-            return False  # another process created it first
+        except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
+            # another process created it first: PostgreSQL reports the clash as 42P04 if the
+            # other commit came before our check, as 23505 on pg_database if it came during
+            return False
         log.info("created database %s", name)
         return True
     finally:

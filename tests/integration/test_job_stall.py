@@ -105,8 +105,8 @@ async def test_relay_stopped_mid_job_shows_unsent_rows_their_age_then_stalled_th
         await wait_for(lambda: ready(f"{api}/readyz"), timeout=60)  # the API migrates
         await procs.start("recorder", ["consume"], {**env, "METRICS_PORT": str(recorder_port)})
         await procs.start("relay", relay_argv, relay_env)
-        for port in (recorder_port, relay_port):
-            await wait_for(lambda p=port: ready(f"http://127.0.0.1:{p}/readyz"), timeout=60)
+        await wait_for(lambda: ready(f"http://127.0.0.1:{recorder_port}/readyz"), timeout=60)
+        await wait_for(lambda: ready(f"http://127.0.0.1:{relay_port}/readyz"), timeout=60)
 
         posted = await http.post(
             f"{api}/v1/credit-annotation-jobs",

@@ -44,6 +44,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from bulk_recorder.api_docs import serve_docs_offline
 from bulk_recorder.errors import DataRejected, TransientDbError, classify, renew_if_server_gone
 from bulk_recorder.ingest import CONTENT_TYPES, FormatError, JobIntake, TooManyLines, parser_for
 from bulk_recorder.job_staging import JobStaging
@@ -453,7 +454,10 @@ def create_app(
         version=API_VERSION,
         description=__doc__,
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc come from serve_docs_offline: no CDN
+        redoc_url=None,
     )
+    serve_docs_offline(app)
     app.add_middleware(_MetricsMiddleware, metrics=ctx.metrics)
 
     @app.exception_handler(ApiError)

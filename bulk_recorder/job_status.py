@@ -7,10 +7,12 @@ are ``accepted - published - dead_lettered``, exactly, without scanning the outb
 oldest of them is as old as the job. Ages are measured by PostgreSQL's clock, the one that
 stamped the rows, so a skewed API host cannot make a job look stalled.
 
-A job is ``stalled`` while rows are unsent and the relay has published none of them for
-``API_JOB_STALL_AFTER_S`` (counted from the last publish, or from the job's acceptance when
-nothing was ever published): no relay runs, or it cannot reach the broker. It goes back to
-``publishing`` as soon as a relay publishes one of its rows.
+A job is ``stalled`` while rows are unsent and, for ``API_JOB_STALL_AFTER_S``, the relays have
+published none of its rows (counted from its last publish, or from its acceptance) and none of
+any other job's: no relay runs, or none can reach the broker. The second condition keeps a job
+that waits its turn behind a larger one (the relay claims rows in outbox order) from reading
+``stalled`` while the relay is busy with that one. It goes back to ``publishing`` as soon as a
+relay publishes a job's row again.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ __all__ = ["JOB_BY_ID", "JobState", "JobStatus", "job_status"]
 
 JobState = Literal["publishing", "stalled", "recording", "completed"]
 
-# The job row, with its age and the time since the relay last published one of its rows.
+# The job row, with its age, the time since the relay last published one of its rows, and the
+# time since it last published any job's row (an index scan: see 004_job_last_published.sql).
 JOB_BY_ID = """
 SELECT *,
        extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_s,
        extract(epoch FROM clock_timestamp() - coalesce(last_published_at, created_at))::float8
-           AS quiet_s
+           AS quiet_s,
+       extract(epoch FROM clock_timestamp()
+                          - (SELECT max(last_published_at) FROM credit_annotation_jobs))::float8
+           AS relay_quiet_s
 FROM credit_annotation_jobs WHERE id = $1
 """
 
@@ -85,7 +91,7 @@ def job_status(
         state = "completed"
     elif unsent == 0:
         state = "recording"
-    elif float(row["quiet_s"]) >= stall_after_s:
+    elif float(row["quiet_s"]) >= stall_after_s and _relay_quiet(row, stall_after_s):
         state = "stalled"
     else:
         state = "publishing"
@@ -104,3 +110,9 @@ def job_status(
         created_at=row["created_at"],
         completed_at=completed_at,
     )
+
+
+def _relay_quiet(row: Any, stall_after_s: float) -> bool:
+    """No job's row was published for ``stall_after_s`` (or none ever was)."""
+    quiet = row["relay_quiet_s"]
+    return quiet is None or float(quiet) >= stall_after_s

@@ -224,7 +224,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="job-never-stalled",
         path="bulk_recorder/job_status.py",
-        old='elif float(row["quiet_s"]) >= stall_after_s:',
+        old='elif float(row["quiet_s"]) >= stall_after_s and _relay_quiet(row, stall_after_s):',
         new="elif False:",
         promise=PRODUCER,
         tests=(

@@ -24,6 +24,7 @@ def _row(**overrides: Any) -> dict[str, Any]:
         "last_published_at": None,
         "age_s": 12.5,
         "quiet_s": 12.5,
+        "relay_quiet_s": None,
     }
     row.update(overrides)
     return row
@@ -49,7 +50,13 @@ def test_stalled_once_nothing_was_published_for_the_stall_time() -> None:
     assert young.status == "publishing"
     # Published once, then nothing for the stall time: stalled too, with the rest unsent.
     stopped = job_status(
-        _row(published=250, last_published_at=PUBLISHED, age_s=200.0, quiet_s=61.0),
+        _row(
+            published=250,
+            last_published_at=PUBLISHED,
+            age_s=200.0,
+            quiet_s=61.0,
+            relay_quiet_s=61.0,
+        ),
         recorded=250,
         completed_at=None,
         stall_after_s=60,
@@ -65,6 +72,17 @@ def test_parked_rows_are_not_unsent_and_a_job_with_none_left_is_recording() -> N
         stall_after_s=60,
     )
     assert (status.status, status.unsent, status.oldest_unsent_age_s) == ("recording", 0, None)
+
+
+def test_a_job_waiting_behind_another_that_is_being_published_is_not_stalled() -> None:
+    waiting = job_status(
+        _row(quiet_s=300.0, relay_quiet_s=0.5), recorded=0, completed_at=None, stall_after_s=60
+    )
+    assert (waiting.status, waiting.unsent) == ("publishing", 1000)
+    nobody = job_status(
+        _row(quiet_s=300.0, relay_quiet_s=60.0), recorded=0, completed_at=None, stall_after_s=60
+    )
+    assert nobody.status == "stalled"
 
 
 @pytest.mark.parametrize("quiet_s", [0.0, 10_000.0])

@@ -163,6 +163,15 @@ class Settings(BaseSettings):
             "client trickling bytes cannot hold a job slot for ever."
         ),
     )
+    api_job_stall_after_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description=(
+            "A job whose outbox rows wait and of which nothing has been published for this "
+            "long (no relay running, or it cannot reach the broker) shows status `stalled`."
+        ),
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 

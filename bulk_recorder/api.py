@@ -44,9 +44,11 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from bulk_recorder.api_docs import serve_docs_offline
 from bulk_recorder.errors import DataRejected, TransientDbError, classify, renew_if_server_gone
 from bulk_recorder.ingest import CONTENT_TYPES, FormatError, JobIntake, TooManyLines, parser_for
 from bulk_recorder.job_staging import JobStaging
+from bulk_recorder.job_status import JOB_BY_ID, JobStatus, job_status
 from bulk_recorder.loadgen import uuid7
 from bulk_recorder.metrics import Metrics
 from bulk_recorder.migrate import migrate
@@ -167,28 +169,6 @@ class JobRefused(Problem):
     rejected: int
     rejections: list[LineRejection]
     rejections_truncated: bool
-
-
-class JobStatus(BaseModel):
-    id: str
-    status: Literal["publishing", "recording", "completed"] = Field(
-        description="publishing: rows still in the outbox; recording: all published, not all "
-        "recorded yet; completed: recorded + dead_lettered == accepted."
-    )
-    accepted: int
-    rejected: int
-    published: int = Field(description="Outbox rows the relay published and confirmed.")
-    recorded: int = Field(
-        description="Lines recorded: credit_annotations rows carrying this job's id, plus the "
-        "job's lines whose id was already recorded by another job (that row keeps its job id)."
-    )
-    dead_lettered: int = Field(
-        description="Outbox rows the relay parked after the broker refused them repeatedly. "
-        "Messages the recorder dead-letters are not counted here (see the DLQ)."
-    )
-    progress: float = Field(description="(recorded + dead_lettered) / accepted, 0 to 1.")
-    created_at: datetime
-    completed_at: datetime | None
 
 
 _TRANSACTION_BODY: Final[dict[str, Any]] = {
@@ -429,7 +409,6 @@ ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING true
 """
 _JOB_BY_KEY = "SELECT * FROM credit_annotation_jobs WHERE idempotency_key = $1"
-_JOB_BY_ID = "SELECT * FROM credit_annotation_jobs WHERE id = $1"
 # A job's recorded lines: its own rows, plus its lines whose id was already stored (under another
 # job or none), which the recorder lists in credit_annotation_job_repeats.
 _RECORDED = """
@@ -475,7 +454,10 @@ def create_app(
         version=API_VERSION,
         description=__doc__,
         lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc come from serve_docs_offline: no CDN
+        redoc_url=None,
     )
+    serve_docs_offline(app)
     app.add_middleware(_MetricsMiddleware, metrics=ctx.metrics)
 
     @app.exception_handler(ApiError)
@@ -872,7 +854,7 @@ async def _recorded(
 async def _job_status(ctx: _Context, job_id: uuid.UUID) -> JobStatus:
     try:
         async with ctx.db.acquire(timeout=10) as conn:
-            row = await conn.fetchrow(_JOB_BY_ID, job_id)
+            row = await conn.fetchrow(JOB_BY_ID, job_id)
             if row is None or row["request_hash"] is None:
                 raise ApiError(404, f"no credit-annotation job {job_id}")
             accepted, dead = int(row["accepted"]), int(row["dead_lettered"])
@@ -888,24 +870,11 @@ async def _job_status(ctx: _Context, job_id: uuid.UUID) -> JobStatus:
         raise
     except _DB_ERRORS as exc:
         raise await _db_failure(ctx, exc) from None
-    published = int(row["published"])
-    if completed_at is not None:
-        status: Literal["publishing", "recording", "completed"] = "completed"
-    elif published + dead < accepted:
-        status = "publishing"
-    else:
-        status = "recording"
-    return JobStatus(
-        id=str(job_id),
-        status=status,
-        accepted=accepted,
-        rejected=int(row["rejected"]),
-        published=published,
+    return job_status(
+        row,
         recorded=recorded,
-        dead_lettered=dead,
-        progress=min(1.0, (recorded + dead) / accepted) if accepted else 1.0,
-        created_at=row["created_at"],
         completed_at=completed_at,
+        stall_after_s=ctx.settings.api_job_stall_after_s,
     )
 
 

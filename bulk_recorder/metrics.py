@@ -85,6 +85,24 @@ class Metrics:
         self.broker_reconnects = Counter(
             p + "broker_reconnects", "Connections to the broker re-established.", registry=r
         )
+        # What the recorder sees of its queue: "nothing is consuming" (messages wait, nothing
+        # is delivered) versus "nothing is arriving" (the queue is empty, the outbox is not).
+        self.last_delivery = Gauge(
+            p + "last_delivery_timestamp_seconds",
+            "Unix time when the recorder last saw a delivery arrive (checked every few seconds); "
+            "its start time before the first.",
+            registry=r,
+        )
+        self.queue_messages = Gauge(
+            p + "queue_messages",
+            "Messages ready in the recorder's queue (from a passive declare, every few seconds).",
+            registry=r,
+        )
+        self.queue_consumers = Gauge(
+            p + "queue_consumers",
+            "Consumers attached to the recorder's queue, from every recorder (passive declare).",
+            registry=r,
+        )
         # Producer side: the outbox relay and the ingest API.
         self.outbox_backlog = Gauge(
             p + "outbox_backlog",
@@ -111,6 +129,11 @@ class Metrics:
         self.outbox_parked = Counter(
             p + "outbox_parked",
             "Outbox rows parked after the broker refused them too often (not retried).",
+            registry=r,
+        )
+        self.outbox_last_publish = Gauge(
+            p + "outbox_last_publish_timestamp_seconds",
+            "Unix time of the relay's last confirmed publish; its start time before the first.",
             registry=r,
         )
         self.api_requests = Counter(

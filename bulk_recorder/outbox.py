@@ -82,7 +82,8 @@ FOR UPDATE SKIP LOCKED
 """
 _DELETE_SENT = "DELETE FROM outbox WHERE id = ANY($1::bigint[])"
 _COUNT_PUBLISHED = """
-UPDATE credit_annotation_jobs AS j SET published = j.published + u.n
+UPDATE credit_annotation_jobs AS j
+SET published = j.published + u.n, last_published_at = clock_timestamp()
 FROM unnest($1::uuid[], $2::int[]) AS u(id, n)
 WHERE j.id = u.id
 """
@@ -252,6 +253,7 @@ class Relay:
             s.rabbitmq_exchange,
         )
         halt = self._halt
+        self.metrics.outbox_last_publish.set_to_current_time()  # "never" reads as "since start"
         try:
             if not await self._connect_database(stop):
                 return
@@ -631,6 +633,8 @@ class Relay:
         # Counted here, before the commit: a failed commit re-publishes these rows (a duplicate
         # the recorder absorbs), so the counter may run ahead of the table, never behind.
         self.metrics.outbox_published.inc(len(sent))
+        if sent:
+            self.metrics.outbox_last_publish.set_to_current_time()
         if refused:
             self.metrics.outbox_publish_failures.labels(reason="refused").inc(len(refused))
             log.warning("broker refused %d outbox rows: %s", len(refused), reasons[0])

@@ -42,6 +42,7 @@ from bulk_recorder.writer import PgWriter, rows_per_insert
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, close_connection
 from consumer.health import HealthServer
 from consumer.publisher import Publisher
+from consumer.queue_watch import QueueWatch
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
@@ -112,6 +113,7 @@ class Recorder:
         self._workers: list[asyncio.Task[None]] = []
         self._worker_restarts = 0
         self.health: HealthServer | None = None
+        self.queue_watch = QueueWatch(self.metrics, self.topology.queue, lambda: self._connection)
 
     # -- readiness ------------------------------------------------------------------------
 
@@ -161,6 +163,8 @@ class Recorder:
             await self.health.start()
         publisher_stop = asyncio.Event()
         publisher = asyncio.create_task(self._publisher.run(publisher_stop), name="publisher")
+        watch_stop = asyncio.Event()
+        watch = asyncio.create_task(self.queue_watch.run(watch_stop), name="queue-watch")
         try:
             if not await self._connect_database(stop):
                 return
@@ -181,6 +185,9 @@ class Recorder:
             self._workers = [self._start_worker(i) for i in range(s.rabbitmq_numbers_of_workers)]
             await self._broker_loop(stop)
         finally:
+            watch_stop.set()
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
             await self._shutdown(publisher, publisher_stop)
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:

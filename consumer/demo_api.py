@@ -217,8 +217,11 @@ async def _run_job(
         if code == 200:
             progress = json.loads(body)
         elapsed = time.perf_counter() - started
+        oldest = progress.get("oldest_unsent_age_s")
         line.draw(
             f"job {progress.get('status', '?'):>10}  published {progress.get('published', 0):>9,}"
+            f"  unsent {progress.get('unsent', 0):>9,}"
+            f" (oldest {'-' if oldest is None else f'{oldest:.0f} s'})"
             f"  recorded {progress.get('recorded', 0):>9,}/{job['accepted']:,}  {elapsed:6.1f} s"
         )
         if progress.get("status") == "completed":

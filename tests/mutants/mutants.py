@@ -222,6 +222,19 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        name="job-never-stalled",
+        path="bulk_recorder/job_status.py",
+        old='elif float(row["quiet_s"]) >= stall_after_s and _relay_quiet(row, stall_after_s):',
+        new="elif False:",
+        promise=PRODUCER,
+        tests=(
+            "tests/unit/test_job_status.py::test_stalled_once_nothing_was_published_for_the_stall"
+            "_time",
+            "tests/integration/test_job_stall.py::test_relay_stopped_mid_job_shows_unsent_rows"
+            "_their_age_then_stalled_then_completes",
+        ),
+    ),
+    Mutant(
         name="transaction-idempotency-key-not-checked",
         path="bulk_recorder/api.py",
         old="_INSERT_REQUEST, record.id, key, request_hash",

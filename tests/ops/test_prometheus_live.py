@@ -87,6 +87,19 @@ ALERT_PROBES: dict[str, list[str]] = {
         'sum(rate(bulk_recorder_outbox_published_total{job="relay"}[5m]))',
         'sum(rate(bulk_recorder_messages_received_total{job="recorder"}[5m]))',
     ],
+    "QueueWithoutConsumers": [
+        'max(bulk_recorder_queue_messages{job="recorder"})',
+        'max(bulk_recorder_queue_consumers{job="recorder"})',
+    ],
+    "QueueNotConsumed": [
+        'min(time() - bulk_recorder_last_delivery_timestamp_seconds{job="recorder"})',
+        'max(bulk_recorder_queue_messages{job="recorder"})',
+    ],
+    "NothingArriving": [
+        'max(bulk_recorder_outbox_backlog{job=~"relay|api"})',
+        'max(bulk_recorder_queue_messages{job="recorder"})',
+        'max(bulk_recorder_outbox_last_publish_timestamp_seconds{job="relay"})',
+    ],
     # The numerator differs only by status=~"5..": a healthy API answers no 5xx.
     "IngestApiErrors": [
         'sum(rate(bulk_recorder_api_requests_total{job="api", route=~"/v1/.*"}[5m]))'

@@ -106,6 +106,9 @@ def test_per_message_mode(
         ("LOG_LEVEL", "LOUD"),
         ("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", "0"),
         ("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", "soon"),
+        ("API_JOB_STALL_AFTER_S", "0"),
+        ("API_JOB_STALL_AFTER_S", "-1"),
+        ("API_JOB_STALL_AFTER_S", "a while"),
     ],
 )
 def test_bad_value_names_the_variable(clean_env: pytest.MonkeyPatch, name: str, value: str) -> None:

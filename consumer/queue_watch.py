@@ -1,0 +1,99 @@
+"""What the recorder sees of its queue, for alerts that tell "nothing is consuming" from
+"nothing is arriving".
+
+Every ``interval_s`` a :class:`QueueWatch` passively declares the queue on a channel of its own
+(on the recorder's current connection) and exports the messages ready in it and the consumers
+attached to it (all recorders'), and moves ``last_delivery_timestamp_seconds`` to now when the
+recorder's received counter moved since the last look. That costs the hot path nothing: the
+delivery callback only counts, as it already did.
+
+So: messages ready and no consumer attached, or messages ready and no delivery for minutes,
+is "nothing is consuming"; an empty queue while the outbox holds rows is "nothing is arriving"
+(the relay's side). A failed look (the broker away, the queue deleted) leaves the gauges as they
+were and is tried again at the next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aio_pika
+
+from bulk_recorder.broker import BROKER_ERRORS, cancel_requested
+from bulk_recorder.db import wait_or_stop
+from bulk_recorder.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 5.0
+_DECLARE_TIMEOUT_S = 10.0
+
+ConnectionGetter = Callable[[], aio_pika.abc.AbstractConnection | None]
+
+
+class QueueWatch:
+    """Looks at ``queue`` every ``interval_s`` through the connection ``connection()`` gives."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        queue: str,
+        connection: ConnectionGetter,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        self.metrics = metrics
+        self.queue = queue
+        self._connection = connection
+        self.interval_s = interval_s
+        self._channel: aio_pika.abc.AbstractChannel | None = None
+        self._channel_of: aio_pika.abc.AbstractConnection | None = None
+        self._received = self._received_total()
+
+    def _received_total(self) -> float:
+        value = self.metrics.registry.get_sample_value("bulk_recorder_messages_received_total")
+        return value or 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.metrics.last_delivery.set_to_current_time()  # "never" reads as "since start"
+        while not stop.is_set():
+            self.note_deliveries()
+            try:
+                await self.look()
+            except BROKER_ERRORS as exc:
+                log.debug("queue %s not looked at: %r", self.queue, exc)
+                self._channel = None
+            except asyncio.CancelledError:
+                if cancel_requested():
+                    raise
+                self._channel = None  # aiormq gave up on the connection under us
+            except Exception:  # stale gauges would hide a stuck queue: log, keep going
+                log.exception("looking at queue %s failed unexpectedly", self.queue)
+                self._channel = None
+            await wait_or_stop(stop, self.interval_s)
+
+    def note_deliveries(self) -> None:
+        """Move the last-delivery time to now if a delivery arrived since the last call."""
+        received = self._received_total()
+        if received != self._received:
+            self._received = received
+            self.metrics.last_delivery.set_to_current_time()
+
+    async def look(self) -> bool:
+        """One passive declare; False when there is no connection to look through."""
+        connection = self._connection()
+        if connection is None or connection.is_closed:
+            return False
+        channel = self._channel
+        if channel is None or channel.is_closed or self._channel_of is not connection:
+            channel = await asyncio.wait_for(connection.channel(), _DECLARE_TIMEOUT_S)
+            self._channel, self._channel_of = channel, connection
+        queue = await asyncio.wait_for(
+            channel.declare_queue(self.queue, passive=True), _DECLARE_TIMEOUT_S
+        )
+        declared = queue.declaration_result
+        self.metrics.queue_messages.set(declared.message_count or 0)
+        self.metrics.queue_consumers.set(declared.consumer_count or 0)
+        return True

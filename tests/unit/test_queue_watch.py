@@ -1,0 +1,36 @@
+"""The recorder's last-delivery time moves only when deliveries arrived (no broker needed)."""
+
+from __future__ import annotations
+
+import time
+
+from bulk_recorder.metrics import Metrics
+from consumer.queue_watch import QueueWatch
+
+LAST = "bulk_recorder_last_delivery_timestamp_seconds"
+
+
+def _last(metrics: Metrics) -> float:
+    return metrics.registry.get_sample_value(LAST) or 0.0
+
+
+def test_last_delivery_moves_only_when_the_received_counter_moved() -> None:
+    metrics = Metrics()
+    watch = QueueWatch(metrics, "q", lambda: None)
+    metrics.last_delivery.set(5.0)
+    watch.note_deliveries()
+    assert _last(metrics) == 5.0  # nothing received: an idle recorder keeps its old time
+    before = time.time()
+    metrics.messages_received.inc(3)
+    watch.note_deliveries()
+    assert _last(metrics) >= before
+    metrics.last_delivery.set(7.0)
+    watch.note_deliveries()
+    assert _last(metrics) == 7.0  # the same count as at the last look
+
+
+async def test_no_connection_is_no_look_and_leaves_the_queue_gauges_alone() -> None:
+    metrics = Metrics()
+    metrics.queue_messages.set(42)
+    assert not await QueueWatch(metrics, "q", lambda: None).look()
+    assert metrics.registry.get_sample_value("bulk_recorder_queue_messages") == 42

@@ -36,7 +36,7 @@ from datetime import date, datetime
 from typing import Annotated, Any, Final, Literal, cast
 
 import asyncpg
-from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi import FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -44,7 +44,15 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from bulk_recorder.auth import AUTH_RESPONSES, Authenticator, Principal, install
+from bulk_recorder.auth import (
+    AUTH_RESPONSES,
+    Authenticator,
+    JobReader,
+    JobWriter,
+    Principal,
+    TransactionWriter,
+    install,
+)
 from bulk_recorder.errors import DataRejected, TransientDbError, classify, renew_if_server_gone
 from bulk_recorder.ingest import CONTENT_TYPES, FormatError, JobIntake, TooManyLines, parser_for
 from bulk_recorder.job_staging import JobStaging
@@ -400,6 +408,9 @@ class _Context:
     def __post_init__(self) -> None:
         self.job_slots = asyncio.Semaphore(max(1, self.pool_max_size // 2))
 
+    def current_pool(self) -> asyncpg.Pool:
+        return self.db
+
     @property
     def db(self) -> asyncpg.Pool:
         if self.pool is None:
@@ -479,10 +490,9 @@ def create_app(
         lifespan=lifespan,
     )
     app.add_middleware(_MetricsMiddleware, metrics=ctx.metrics)
-    auth = Authenticator(
-        enabled=settings.api_auth == "on", metrics=ctx.metrics, pool=lambda: ctx.db
+    install(
+        app, Authenticator(on=settings.api_auth == "on", metrics=ctx.metrics, db=lambda: ctx.db)
     )
-    install(app, auth)
 
     @app.exception_handler(ApiError)
     async def on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -563,7 +573,7 @@ def create_app(
     )
     async def post_transaction(
         request: Request,
-        principal: Annotated[Principal, Depends(auth.require("transactions:write"))],
+        principal: TransactionWriter,
         idempotency_key: Annotated[
             str | None, Header(alias="Idempotency-Key", description=_IDEMPOTENCY_DOC)
         ] = None,
@@ -601,7 +611,7 @@ def create_app(
     )
     async def post_job(
         request: Request,
-        principal: Annotated[Principal, Depends(auth.require("jobs:write"))],
+        principal: JobWriter,
         idempotency_key: Annotated[
             str | None, Header(alias="Idempotency-Key", description=_IDEMPOTENCY_DOC)
         ] = None,
@@ -632,7 +642,7 @@ def create_app(
     )
     async def get_job(
         job_id: Annotated[uuid.UUID, Path()],
-        principal: Annotated[Principal, Depends(auth.require("jobs:read"))],
+        principal: JobReader,
     ) -> Response:
         """Status and progress of a job (poll it to draw a progress bar): the client's own
         jobs, or every job for an admin key."""

@@ -51,12 +51,16 @@ __all__ = [
     "ApiKeyRefused",
     "AuthError",
     "Authenticator",
+    "JobReader",
+    "JobWriter",
     "Principal",
+    "TransactionWriter",
     "create_key",
     "generate_key",
     "hash_key",
     "install",
     "list_keys",
+    "require",
     "revoke_keys",
 ]
 
@@ -292,14 +296,12 @@ _bearer = HTTPBearer(
 
 
 class Authenticator:
-    """Checks each ``/v1`` request's key against ``api_keys``; ``enabled=False`` lets all in."""
+    """Checks each ``/v1`` request's key against ``api_keys``; ``on=False`` lets all in."""
 
-    def __init__(
-        self, *, enabled: bool, metrics: Metrics, pool: Callable[[], asyncpg.Pool]
-    ) -> None:
-        self.enabled = enabled
+    def __init__(self, *, on: bool, metrics: Metrics, db: Callable[[], asyncpg.Pool]) -> None:
+        self.enabled = on
         self.metrics = metrics
-        self._pool = pool
+        self._db = db
 
     async def authenticate(self, request: Request) -> Principal:
         if not self.enabled:
@@ -312,7 +314,7 @@ class Authenticator:
         if scheme.lower() != "bearer" or not _KEY_RE.fullmatch(token):
             raise AuthError("malformed", "the Authorization header must be Bearer <API key>")
         try:
-            async with self._pool().acquire(timeout=10) as conn:
+            async with self._db().acquire(timeout=10) as conn:
                 found = await find_key(conn, token)
         except _DB_ERRORS as exc:
             log.warning("API key look-up failed: %s", exc)
@@ -322,27 +324,6 @@ class Authenticator:
         if found.revoked_at is not None:
             raise AuthError("revoked", "the API key was revoked", who=_who(found.name, found.id))
         return Principal(found.name, frozenset(found.scopes), found.id)
-
-    def require(self, scope: Scope) -> Callable[..., Awaitable[Principal]]:
-        """A FastAPI dependency: the request's principal, which must hold ``scope`` (``admin``
-        also grants ``jobs:read``: it reads every job)."""
-
-        async def dependency(
-            request: Request,
-            _documented: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-        ) -> Principal:
-            principal = await self.authenticate(request)
-            allowed = scope in principal.scopes or (scope == "jobs:read" and principal.admin)
-            if not allowed:
-                raise AuthError(
-                    "scope",
-                    f"this API key lacks the scope {scope}",
-                    scope=scope,
-                    who=_who(principal.client, principal.key_id),
-                )
-            return principal
-
-        return dependency
 
     def refused(self, request: Request, exc: AuthError) -> JSONResponse:
         """Count and log a refusal (never the key), and answer it."""
@@ -362,8 +343,40 @@ class Authenticator:
         return problem(exc.status, title, exc.detail, headers)
 
 
+def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    """A FastAPI dependency: the request's principal, which must hold ``scope`` (``admin`` also
+    grants ``jobs:read``: it reads every job). It uses the app's :class:`Authenticator`, set by
+    :func:`install`."""
+
+    async def dependency(
+        request: Request,
+        _documented: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Principal:
+        authenticator: Authenticator = request.app.state.authenticator
+        principal = await authenticator.authenticate(request)
+        allowed = scope in principal.scopes or (scope == "jobs:read" and principal.admin)
+        if not allowed:
+            raise AuthError(
+                "scope",
+                f"this API key lacks the scope {scope}",
+                scope=scope,
+                who=_who(principal.client, principal.key_id),
+            )
+        return principal
+
+    return dependency
+
+
+# What a /v1 route declares as a parameter to get its caller, checked for its scope.
+TransactionWriter = Annotated[Principal, Depends(require("transactions:write"))]
+JobWriter = Annotated[Principal, Depends(require("jobs:write"))]
+JobReader = Annotated[Principal, Depends(require("jobs:read"))]
+
+
 def install(app: FastAPI, authenticator: Authenticator) -> None:
-    """Answer :class:`AuthError` and :class:`AuthUnavailable` raised by the dependencies."""
+    """Make ``authenticator`` the app's, and answer the :class:`AuthError` and
+    :class:`AuthUnavailable` that :func:`require` raises."""
+    app.state.authenticator = authenticator
 
     async def on_auth_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, AuthError)

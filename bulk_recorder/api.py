@@ -17,8 +17,11 @@ Routes (OpenAPI at ``/openapi.json``, browsable at ``/docs``):
 - ``GET /v1/credit-annotation-jobs/{id}``: status and progress.
 - ``/healthz`` (alive), ``/readyz`` (database reachable), ``/metrics`` (Prometheus).
 
-Bad input gets a 4xx with a precise ``detail``; an unreachable database gets 503 with
-``Retry-After``. The broker is not needed to accept work: that is what the outbox is for.
+Every ``/v1`` route needs an API key with its scope (:mod:`bulk_recorder.auth`: 401 or 403,
+problem+json); a client sees only its own jobs and ``Idempotency-Key`` space, while a
+transaction id stays unique in the ledger. Bad input gets a 4xx with a precise ``detail``; an
+unreachable database gets 503 with ``Retry-After``. The broker is not needed to accept work:
+that is what the outbox is for.
 """
 
 from __future__ import annotations

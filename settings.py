@@ -172,6 +172,14 @@ class Settings(BaseSettings):
             "long (no relay running, or it cannot reach the broker) shows status `stalled`."
         ),
     )
+    api_auth: Literal["on", "off"] = Field(
+        "on",
+        description=(
+            "on: every /v1 request needs an API key (Authorization: Bearer <key>, made with "
+            "`bulk-recorder api-key create`); off: anyone reaching API_PORT may call /v1, for "
+            "local demos only."
+        ),
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -180,7 +188,7 @@ class Settings(BaseSettings):
     def _upper(cls, value: object) -> object:
         return value.strip().upper() if isinstance(value, str) else value
 
-    @field_validator("log_format", mode="before")
+    @field_validator("log_format", "api_auth", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value

@@ -57,6 +57,7 @@ from benchmarks.common import (
     temp_topology,
     use_uvloop,
 )
+from bulk_recorder.auth import create_key
 from bulk_recorder.loadgen import Generator
 from consumer.topology import Topology
 
@@ -246,6 +247,13 @@ async def measure(
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as loader,
     ):
         await wait_ready(probe, "/readyz")
+        key_conn = await asyncpg.connect(dsn)  # the API has migrated: a key for this run
+        try:
+            _, key = await create_key(key_conn, "bench")
+        finally:
+            await key_conn.close()
+        for client in (probe, loader):
+            client.headers["Authorization"] = f"Bearer {key}"
         progress("services up; warming up with a 100-line job")
         warm = await loader.post(
             JOBS,

@@ -17,8 +17,11 @@ Routes (OpenAPI at ``/openapi.json``, browsable at ``/docs``):
 - ``GET /v1/credit-annotation-jobs/{id}``: status and progress.
 - ``/healthz`` (alive), ``/readyz`` (database reachable), ``/metrics`` (Prometheus).
 
-Bad input gets a 4xx with a precise ``detail``; an unreachable database gets 503 with
-``Retry-After``. The broker is not needed to accept work: that is what the outbox is for.
+Every ``/v1`` route needs an API key with its scope (:mod:`bulk_recorder.auth`: 401 or 403,
+problem+json); a client sees only its own jobs and ``Idempotency-Key`` space, while a
+transaction id stays unique in the ledger. Bad input gets a 4xx with a precise ``detail``; an
+unreachable database gets 503 with ``Retry-After``. The broker is not needed to accept work:
+that is what the outbox is for.
 """
 
 from __future__ import annotations
@@ -45,6 +48,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from bulk_recorder.api_docs import serve_docs_offline
+from bulk_recorder.auth import (
+    AUTH_RESPONSES,
+    Authenticator,
+    JobReader,
+    JobWriter,
+    Principal,
+    TransactionWriter,
+    install,
+)
 from bulk_recorder.errors import DataRejected, TransientDbError, classify, renew_if_server_gone
 from bulk_recorder.ingest import CONTENT_TYPES, FormatError, JobIntake, TooManyLines, parser_for
 from bulk_recorder.job_staging import JobStaging
@@ -379,6 +391,9 @@ class _Context:
     def __post_init__(self) -> None:
         self.job_slots = asyncio.Semaphore(max(1, self.pool_max_size // 2))
 
+    def current_pool(self) -> asyncpg.Pool:
+        return self.db
+
     @property
     def db(self) -> asyncpg.Pool:
         if self.pool is None:
@@ -387,28 +402,29 @@ class _Context:
 
 
 _INSERT_REQUEST = """
-INSERT INTO transaction_requests (transaction_id, idempotency_key, request_hash, mode, status_code)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO transaction_requests (transaction_id, idempotency_key, request_hash, mode, status_code,
+                                  client)
+VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT DO NOTHING
 RETURNING true
 """
 _PRIOR_REQUEST = """
-SELECT transaction_id::text AS id, idempotency_key, request_hash, mode, status_code
+SELECT transaction_id::text AS id, idempotency_key, request_hash, mode, status_code, client
 FROM transaction_requests
-WHERE transaction_id = $1 OR idempotency_key = $2
-ORDER BY (idempotency_key IS NOT DISTINCT FROM $2) DESC
+WHERE transaction_id = $1 OR (client = $3 AND idempotency_key = $2)
+ORDER BY (client = $3 AND idempotency_key IS NOT DISTINCT FROM $2) DESC
 LIMIT 1
 """
 # Written once the body is complete, in the transaction that moves its staged lines into the
 # outbox: a job is never visible before all its outbox rows are.
 _INSERT_JOB = """
 INSERT INTO credit_annotation_jobs (id, idempotency_key, content_type, accepted, rejected,
-                                    rejections, rejections_truncated, request_hash)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)
-ON CONFLICT (idempotency_key) DO NOTHING
+                                    rejections, rejections_truncated, request_hash, client)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9)
+ON CONFLICT (client, idempotency_key) DO NOTHING
 RETURNING true
 """
-_JOB_BY_KEY = "SELECT * FROM credit_annotation_jobs WHERE idempotency_key = $1"
+_JOB_BY_KEY = "SELECT * FROM credit_annotation_jobs WHERE idempotency_key = $1 AND client = $2"
 # A job's recorded lines: its own rows, plus its lines whose id was already stored (under another
 # job or none), which the recorder lists in credit_annotation_job_repeats.
 _RECORDED = """
@@ -459,6 +475,9 @@ def create_app(
     )
     serve_docs_offline(app)
     app.add_middleware(_MetricsMiddleware, metrics=ctx.metrics)
+    install(
+        app, Authenticator(on=settings.api_auth == "on", metrics=ctx.metrics, db=lambda: ctx.db)
+    )
 
     @app.exception_handler(ApiError)
     async def on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -534,10 +553,12 @@ def create_app(
             415: {"model": Problem},
             422: {"model": Problem, "description": "invalid transaction, or key reused"},
             503: {"model": Problem},
+            **AUTH_RESPONSES,
         },
     )
     async def post_transaction(
         request: Request,
+        principal: TransactionWriter,
         idempotency_key: Annotated[
             str | None, Header(alias="Idempotency-Key", description=_IDEMPOTENCY_DOC)
         ] = None,
@@ -554,7 +575,7 @@ def create_app(
         except RecordError as exc:
             raise ApiError(422, exc.reason) from None
         assert isinstance(record, Transaction)
-        return await _accept_transaction(ctx, record, body, key)
+        return await _accept_transaction(ctx, record, body, key, principal.client)
 
     # -- credit-annotation jobs ----------------------------------------------------------------
 
@@ -570,10 +591,12 @@ def create_app(
             415: {"model": Problem},
             422: {"model": JobRefused, "description": "no line is valid"},
             503: {"model": Problem},
+            **AUTH_RESPONSES,
         },
     )
     async def post_job(
         request: Request,
+        principal: JobWriter,
         idempotency_key: Annotated[
             str | None, Header(alias="Idempotency-Key", description=_IDEMPOTENCY_DOC)
         ] = None,
@@ -589,17 +612,26 @@ def create_app(
         encoding = request.headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":
             raise ApiError(415, f"Content-Encoding {encoding} is not supported; send identity")
-        return await _accept_job(ctx, request, fmt, cast(str, media), key)
+        return await _accept_job(ctx, request, fmt, cast(str, media), key, principal.client)
 
     @app.get(
         "/v1/credit-annotation-jobs/{job_id}",
         tags=["credit annotation jobs"],
         response_model=JobStatus,
-        responses={404: {"model": Problem}, 422: {"model": Problem}, 503: {"model": Problem}},
+        responses={
+            404: {"model": Problem, "description": "no such job, or another client's job"},
+            422: {"model": Problem},
+            503: {"model": Problem},
+            **AUTH_RESPONSES,
+        },
     )
-    async def get_job(job_id: Annotated[uuid.UUID, Path()]) -> Response:
-        """Status and progress of a job (poll it to draw a progress bar)."""
-        return _json(200, await _job_status(ctx, job_id))
+    async def get_job(
+        job_id: Annotated[uuid.UUID, Path()],
+        principal: JobReader,
+    ) -> Response:
+        """Status and progress of a job (poll it to draw a progress bar): the client's own
+        jobs, or every job for an admin key."""
+        return _json(200, await _job_status(ctx, job_id, principal))
 
     return app
 
@@ -608,7 +640,7 @@ def create_app(
 
 
 async def _accept_transaction(
-    ctx: _Context, record: Transaction, body: bytes, key: str | None
+    ctx: _Context, record: Transaction, body: bytes, key: str | None, client: str
 ) -> Response:
     async_mode = ctx.settings.rabbitmq_transaction_async
     mode: Literal["async", "sync"] = "async" if async_mode else "sync"
@@ -618,9 +650,11 @@ async def _accept_transaction(
     fresh = False
     try:
         async with ctx.db.acquire(timeout=10) as conn, conn.transaction():
-            fresh = await conn.fetchval(_INSERT_REQUEST, record.id, key, request_hash, mode, status)
+            fresh = await conn.fetchval(
+                _INSERT_REQUEST, record.id, key, request_hash, mode, status, client
+            )
             if not fresh:
-                prior = await conn.fetchrow(_PRIOR_REQUEST, record.id, key)
+                prior = await conn.fetchrow(_PRIOR_REQUEST, record.id, key, client)
             elif async_mode:
                 await enqueue(conn, "transaction", record.id, body)
                 await notify(conn)
@@ -641,7 +675,7 @@ async def _accept_transaction(
         # The conflicting row was rolled back between our insert and our look-up: rare; the
         # client may simply retry.
         raise ApiError(409, "a concurrent request for this transaction failed; retry")
-    return _replay_transaction(prior, record, key, request_hash)
+    return _replay_transaction(prior, record, key, request_hash, client)
 
 
 def _word(status: int) -> Literal["accepted", "recorded"]:
@@ -649,9 +683,11 @@ def _word(status: int) -> Literal["accepted", "recorded"]:
 
 
 def _replay_transaction(
-    prior: asyncpg.Record, record: Transaction, key: str | None, request_hash: bytes
+    prior: asyncpg.Record, record: Transaction, key: str | None, request_hash: bytes, client: str
 ) -> Response:
     same_body = bytes(prior["request_hash"]) == request_hash
+    if prior["client"] != client:  # the id is taken in the ledger; replays are per client
+        raise ApiError(409, f"transaction {record.id} was already accepted from another client")
     if key is not None and prior["idempotency_key"] == key:
         if not same_body or prior["id"] != record.id:
             raise ApiError(422, "Idempotency-Key was already used for a different request body")
@@ -695,7 +731,7 @@ def _replay_job(row: asyncpg.Record, request_hash: bytes) -> Response:
 
 
 async def _accept_job(
-    ctx: _Context, request: Request, fmt: str, media: str, key: str | None
+    ctx: _Context, request: Request, fmt: str, media: str, key: str | None, client: str
 ) -> Response:
     limit = ctx.settings.api_max_job_bytes
     _check_declared_length(request, limit)  # before a slot or a connection is taken
@@ -703,7 +739,7 @@ async def _accept_job(
     if key is not None:
         try:
             async with ctx.db.acquire(timeout=10) as conn:
-                prior = await conn.fetchrow(_JOB_BY_KEY, key)
+                prior = await conn.fetchrow(_JOB_BY_KEY, key, client)
         except _DB_ERRORS as exc:
             raise await _db_failure(ctx, exc) from None
         if prior is not None:
@@ -716,7 +752,7 @@ async def _accept_job(
             503, "too many job uploads in progress; retry later", headers={"Retry-After": "5"}
         )
     async with ctx.job_slots:
-        return await _store_job(ctx, request, fmt, media, key, hasher)
+        return await _store_job(ctx, request, fmt, media, key, hasher, client)
 
 
 async def _stage_body(
@@ -750,6 +786,7 @@ async def _store_job(
     media: str,
     key: str | None,
     hasher: Any,
+    client: str,
 ) -> Response:
     s = ctx.settings
     job_id = uuid7()
@@ -780,12 +817,13 @@ async def _store_job(
                         json.dumps(intake.rejections),
                         intake.rejections_truncated,
                         hasher.digest(),
+                        client,
                     )
                     if stored:
                         await staging.publish(job_id)
                         await notify(conn)
                     else:  # another upload with this key completed first: answer with its job
-                        prior = await conn.fetchrow(_JOB_BY_KEY, key)
+                        prior = await conn.fetchrow(_JOB_BY_KEY, key, client)
             except BaseException:
                 await staging.discard()
                 raise
@@ -851,11 +889,12 @@ async def _recorded(
     return recorded
 
 
-async def _job_status(ctx: _Context, job_id: uuid.UUID) -> JobStatus:
+async def _job_status(ctx: _Context, job_id: uuid.UUID, principal: Principal) -> JobStatus:
     try:
         async with ctx.db.acquire(timeout=10) as conn:
             row = await conn.fetchrow(JOB_BY_ID, job_id)
-            if row is None or row["request_hash"] is None:
+            # Another client's job is 404 like a missing one, so that ids cannot be probed.
+            if row is None or row["request_hash"] is None or not principal.may_read(row["client"]):
                 raise ApiError(404, f"no credit-annotation job {job_id}")
             accepted, dead = int(row["accepted"]), int(row["dead_lettered"])
             completed_at = row["completed_at"]

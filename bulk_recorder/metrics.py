@@ -9,6 +9,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 TABLES = ("transactions", "operations", "credit_annotations", "balances")
 FLUSH_REASONS = ("size", "timeout", "shutdown")
+# Why the API refused a request: no key, not a well-formed key, no such key, a revoked key, or a
+# key without the scope the endpoint needs (the only 403).
+AUTH_FAILURE_REASONS = ("missing", "malformed", "unknown", "revoked", "scope")
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -152,6 +155,14 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.api_auth_failures = Counter(
+            p + "api_auth_failures",
+            "API requests refused by authentication (401) or scope (403), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in AUTH_FAILURE_REASONS:
+            self.api_auth_failures.labels(reason=reason)
         for table in TABLES:
             for counter in (self.rows_attempted, self.rows_inserted, self.rows_ignored):
                 counter.labels(table=table)

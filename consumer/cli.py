@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from bulk_recorder.logs import setup_logging
+from consumer import api_keys
 from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
 from consumer.reach import Unreachable, check_services
@@ -32,6 +33,7 @@ ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
     "publish": ("broker",),
     "dlq": ("broker",),
     "demo": ("database", "broker"),
+    "api-key": ("database",),
 }
 
 T = TypeVar("T")
@@ -189,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     relay.add_argument(
         "--poll-interval", type=float, default=1.0, help="seconds between polls without NOTIFY"
     )
+    api_keys.add_parser(sub)
     return parser
 
 
@@ -200,6 +203,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "dlq": cmd_dlq,
     "api": cmd_api,
     "relay": cmd_relay,
+    "api-key": api_keys.cmd_api_key,
 }
 
 

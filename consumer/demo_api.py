@@ -5,7 +5,9 @@ confirms) -> queue -> recorder -> PostgreSQL. The demo starts the three processe
 run as NDJSON (with a few invalid lines, which the API rejects with their line numbers),
 retries the upload with the same Idempotency-Key as a client would after a gateway timeout
 (it must get the same job back), follows the job's progress, stops everything with SIGTERM and
-checks the result against the database.
+checks the result against the database. With ``API_AUTH=on`` (the default) the demo makes an
+API key for itself (client ``demo-...``), checks that an upload without it is refused (401), and
+revokes the key at the end.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import asyncpg
 
+from bulk_recorder.auth import create_key, revoke_keys
 from bulk_recorder.loadgen import Generator
 from bulk_recorder.migrate import migrate
 from consumer.demo import _free_port, _http_get, _Line
@@ -168,7 +171,36 @@ async def run_demo_via_api(settings: Settings, *, count: int) -> int:
             print(f"{exc}; see {log_dir}", file=sys.stderr)
             return 1
         print(f"API on http://127.0.0.1:{api_port}, relay and recorder ready")
-        return await _run_job(settings, procs, api_port, count)
+        auth = await _demo_key(settings)
+        try:
+            return await _run_job(settings, procs, api_port, count, auth)
+        finally:
+            if auth:
+                await _revoke_demo_key(settings, auth["client"])
+
+
+async def _demo_key(settings: Settings) -> dict[str, str]:
+    """A key of its own for the demo (jobs:write, jobs:read), or none with API_AUTH=off."""
+    if settings.api_auth == "off":
+        print("API_AUTH=off: the API takes requests without a key")
+        return {}
+    client = f"demo-{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        stored, key = await create_key(conn, client, ("jobs:write", "jobs:read"))
+    finally:
+        await conn.close()
+    print(f"API key for client {client!r} ({stored.prefix}..., {' '.join(stored.scopes)})")
+    return {"client": client, "Authorization": f"Bearer {key}"}
+
+
+async def _revoke_demo_key(settings: Settings, client: str) -> None:
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await revoke_keys(conn, client)
+    finally:
+        await conn.close()
+    print(f"API key of {client!r} revoked")
 
 
 async def _run_job(
@@ -176,12 +208,21 @@ async def _run_job(
     procs: dict[str, asyncio.subprocess.Process],
     api_port: int,
     count: int,
+    auth: dict[str, str],
 ) -> int:
     gen = Generator.create()
     chunks, ids, invalid = build_job(gen, count)
     size_mb = sum(len(c) for c in chunks) / 1_048_576
     key = f"demo-{uuid.uuid4()}"
     headers = {"Content-Type": "application/x-ndjson", "Idempotency-Key": key}
+    refused_without_key = True
+    if auth:
+        no_key, _, _ = await http_request(
+            api_port, "POST", "/v1/credit-annotation-jobs", headers=headers, body=[chunks[0][:1]]
+        )
+        refused_without_key = no_key == 401
+        print(f"upload without an API key: {no_key}")
+        headers["Authorization"] = auth["Authorization"]
     started = time.perf_counter()
     status, _, payload = await http_request(
         api_port, "POST", "/v1/credit-annotation-jobs", headers=headers, body=chunks
@@ -212,7 +253,7 @@ async def _run_job(
     stall_since, last = time.monotonic(), -1
     while True:
         code, _, body = await http_request(
-            api_port, "GET", f"/v1/credit-annotation-jobs/{job['id']}"
+            api_port, "GET", f"/v1/credit-annotation-jobs/{job['id']}", headers=headers
         )
         if code == 200:
             progress = json.loads(body)
@@ -255,6 +296,7 @@ async def _run_job(
         "every valid line recorded once, none extra": recorded_ids == ids,
         "every invalid line rejected with its line number": job["rejected"] == invalid,
         "a retried upload returns the same job": same_job,
+        "an upload without an API key is refused (401)": refused_without_key,
         "API, relay and recorder stopped cleanly on SIGTERM": all(
             c == 0 for c in exit_codes.values()
         ),

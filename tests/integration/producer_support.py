@@ -5,26 +5,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import asyncpg
 import httpx
 from aio_pika.abc import AbstractChannel
 
 from bulk_recorder.api import create_app
+from bulk_recorder.auth import DEFAULT_SCOPES, create_key
 from bulk_recorder.metrics import Metrics
+from bulk_recorder.migrate import migrate
 from bulk_recorder.outbox import Relay, RelayConfig
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
 
+async def provision_key(
+    database_url: str, name: str = "test-client", scopes: Iterable[str] = DEFAULT_SCOPES
+) -> str:
+    """Migrate the database and make an API key for client ``name``; returns the key."""
+    await migrate(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        _, key = await create_key(conn, name, scopes)
+    finally:
+        await conn.close()
+    return key
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
 @contextlib.asynccontextmanager
 async def api_client(
-    settings: Settings, *, raise_app_exceptions: bool = True, **options: Any
+    settings: Settings,
+    *,
+    raise_app_exceptions: bool = True,
+    client_name: str = "test-client",
+    scopes: Iterable[str] = DEFAULT_SCOPES,
+    **options: Any,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, Metrics]]:
-    """The app in process (lifespan included) behind an httpx client."""
+    """The app in process (lifespan included) behind an httpx client that sends an API key of
+    client ``client_name`` with ``scopes`` (by default a client's own work, no admin)."""
     metrics = Metrics()
     app = create_app(settings, metrics=metrics, **options)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
@@ -32,6 +58,10 @@ async def api_client(
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=transport, base_url="http://api") as client,
     ):
+        if settings.api_auth == "on":
+            client.headers.update(
+                bearer(await provision_key(settings.database_url, client_name, scopes))
+            )
         yield client, metrics
 
 

@@ -19,7 +19,7 @@ import pytest
 from bulk_recorder.loadgen import Generator
 from bulk_recorder.records import CreditAnnotation, decode
 from tests.conftest import free_port, settings_env, wait_for
-from tests.integration.producer_support import api_client, ndjson
+from tests.integration.producer_support import api_client, bearer, ndjson, provision_key
 
 pytestmark = [pytest.mark.postgres]
 
@@ -495,6 +495,7 @@ async def test_real_api_process_streams_a_job_drops_a_cut_upload_and_stops_on_si
     log_path = tmp_path / "api.log"
     base = f"http://127.0.0.1:{port}"
     gen = Generator.create(12)
+    key = await provision_key(settings.database_url)
     with log_path.open("wb") as log_file:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -506,7 +507,7 @@ async def test_real_api_process_streams_a_job_drops_a_cut_upload_and_stops_on_si
             stderr=log_file,
         )
         try:
-            async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            async with httpx.AsyncClient(base_url=base, timeout=30, headers=bearer(key)) as client:
 
                 async def up() -> bool:
                     try:
@@ -528,7 +529,7 @@ async def test_real_api_process_streams_a_job_drops_a_cut_upload_and_stops_on_si
                 _, writer = await asyncio.open_connection("127.0.0.1", port)
                 partial = ndjson([gen.credit_annotation() for _ in range(100)])
                 writer.write(
-                    f"POST {JOBS} HTTP/1.1\r\nHost: api\r\n"
+                    f"POST {JOBS} HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {key}\r\n"
                     f"Content-Type: application/x-ndjson\r\nContent-Length: {len(partial) * 10}"
                     "\r\n\r\n".encode()
                     + partial

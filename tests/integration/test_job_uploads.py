@@ -21,7 +21,7 @@ from bulk_recorder.ingest import CSV_COLUMNS
 from bulk_recorder.job_staging import STAGING_TABLE
 from bulk_recorder.loadgen import Generator
 from tests.conftest import free_port, settings_env, wait_for
-from tests.integration.producer_support import api_client, ndjson
+from tests.integration.producer_support import api_client, ndjson, provision_key
 
 pytestmark = [pytest.mark.postgres]
 
@@ -286,6 +286,7 @@ async def test_real_api_process_408s_a_stalled_socket_and_a_killed_upload_leaves
     settings = make_settings(api_port=port, api_body_timeout_s=1.0)
     gen = Generator.create(67)
     log_path = tmp_path / "api.log"
+    key = await provision_key(settings.database_url)
     with log_path.open("wb") as log_file:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -311,6 +312,7 @@ async def test_real_api_process_408s_a_stalled_socket_and_a_killed_upload_leaves
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 writer.write(
                     f"POST {JOBS} HTTP/1.1\r\nHost: api\r\nContent-Type: application/x-ndjson\r\n"
+                    f"Authorization: Bearer {key}\r\n"
                     f"Content-Length: {len(part) * 10}\r\n\r\n".encode()
                     + part
                 )

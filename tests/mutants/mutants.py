@@ -33,11 +33,13 @@ REPLICAS = "Replicas"
 SHUTDOWN = "Orderly shutdown"
 BAD_SETTINGS = "Bad settings fail at start-up"
 PRODUCER = "Producer side"
+AUTH = "Every /v1 call is authenticated, scoped and isolated per client"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
 T_E2E = "tests/integration/test_e2e.py::"
 T_OUTBOX = "tests/integration/test_outbox.py::"
+T_AUTH = "tests/faults/test_auth_refusals.py::"
 T_API = "tests/integration/test_api.py::"
 T_PROPERTY = "tests/unit/test_flusher_property.py::"
 T_FRAMES = "tests/faults/test_ack_frames.py::"
@@ -241,6 +243,66 @@ MUTANTS: tuple[Mutant, ...] = (
         new="_INSERT_REQUEST, record.id, None, request_hash",
         promise=PRODUCER,
         tests=(T_API + "test_async_transaction_202_with_one_outbox_row_and_repeats_answered_once",),
+        fast=True,
+    ),
+    Mutant(
+        name="revoked-key-accepted",
+        path="bulk_recorder/auth.py",
+        old="if found.revoked_at is not None:",
+        new="if False:",
+        promise=AUTH,
+        tests=(
+            T_AUTH
+            + "test_no_bad_or_revoked_key_is_401_a_missing_scope_403_counted_and_never_logged",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="scope-not-checked",
+        path="bulk_recorder/auth.py",
+        old='allowed = scope in principal.scopes or (scope == "jobs:read" and principal.admin)',
+        new="allowed = True",
+        promise=AUTH,
+        tests=(
+            T_AUTH
+            + "test_no_bad_or_revoked_key_is_401_a_missing_scope_403_counted_and_never_logged",
+            T_AUTH
+            + "test_another_clients_job_is_404_like_a_missing_one_and_an_admin_key_reads_every_job",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="job-visible-to-every-client",
+        path="bulk_recorder/auth.py",
+        old="return self.admin or owner == self.client",
+        new="return True",
+        promise=AUTH,
+        tests=(
+            T_AUTH
+            + "test_another_clients_job_is_404_like_a_missing_one_and_an_admin_key_reads_every_job",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="job-idempotency-key-global",
+        path="bulk_recorder/api.py",
+        old="WHERE idempotency_key = $1 AND client = $2",
+        new="WHERE idempotency_key = $1 AND $2::text IS NOT NULL",
+        promise=AUTH,
+        tests=(
+            T_AUTH + "test_idempotency_keys_are_per_client_and_the_transaction_id_409_stays_global",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="transaction-replayed-to-another-client",
+        path="bulk_recorder/api.py",
+        old='if prior["client"] != client:',
+        new="if False:",
+        promise=AUTH,
+        tests=(
+            T_AUTH + "test_idempotency_keys_are_per_client_and_the_transaction_id_409_stays_global",
+        ),
         fast=True,
     ),
     Mutant(

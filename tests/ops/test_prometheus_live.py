@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from tests.conftest import Broker, free_port, settings_env, wait_for
+from tests.integration.producer_support import bearer, provision_key
 from tests.ops.conftest import ALERTS, GRAFANA_DIR, PROMETHEUS_CONFIG, alert_rules, load_yaml
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(180)]
@@ -288,11 +289,12 @@ async def test_every_panel_query_and_alert_expression_returns_series_on_a_live_p
     settings = make_settings()
     env = settings_env(settings, METRICS_HOST="127.0.0.1", API_HOST="127.0.0.1")
     await _run(CLI, "migrate", env=env)
+    key = await provision_key(settings.database_url, "prometheus-test")
     config_path = tmp_path / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(prometheus_config(ports)))
     async with (
         running_stack(tmp_path) as stack,
-        httpx.AsyncClient(timeout=10) as http,
+        httpx.AsyncClient(timeout=10, headers=bearer(key)) as http,
         httpx.AsyncClient(base_url=f"http://127.0.0.1:{prometheus_port}", timeout=10) as client,
     ):
         prom = Prometheus(client)

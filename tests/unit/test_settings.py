@@ -104,6 +104,8 @@ def test_per_message_mode(
         ("RABBITMQ_URL", "http://x"),
         ("LOG_FORMAT", "xml"),
         ("LOG_LEVEL", "LOUD"),
+        ("API_AUTH", "maybe"),
+        ("API_AUTH", "false"),
         ("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", "0"),
         ("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", "soon"),
         ("API_JOB_STALL_AFTER_S", "0"),

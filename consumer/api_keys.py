@@ -1,0 +1,92 @@
+"""``bulk-recorder api-key create|list|revoke``: the ingest API's keys, in ``api_keys``.
+
+``create NAME [--scope S ...]`` prints the new key once, on stdout alone (so that
+``KEY=$(bulk-recorder api-key create shop)`` works); only its SHA-256 is stored, so it can never
+be shown again. ``list`` shows every key without its secret. ``revoke NAME|ID`` revokes every
+live key of a client, or one key by its id; the API refuses it from its next request on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import asyncpg
+
+from bulk_recorder.auth import (
+    DEFAULT_SCOPES,
+    SCOPES,
+    ApiKeyRefused,
+    create_key,
+    list_keys,
+    revoke_keys,
+)
+from bulk_recorder.migrate import migrate
+from settings import Settings
+
+
+def add_parser(sub: Any) -> None:
+    """The ``api-key`` sub-command and its own sub-commands."""
+    keys = sub.add_parser("api-key", help="create, list or revoke the ingest API's keys")
+    keys_sub = keys.add_subparsers(dest="key_command", required=True)
+    create = keys_sub.add_parser(
+        "create", help="make a key for client NAME and print it once (only its hash is kept)"
+    )
+    create.add_argument("name", help="the client; keys under one name share its jobs")
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=SCOPES,
+        dest="scopes",
+        help=f"repeat for several (default: {' '.join(DEFAULT_SCOPES)}); admin reads every job",
+    )
+    keys_sub.add_parser("list", help="every key: id, client, prefix, scopes, created, revoked")
+    revoke = keys_sub.add_parser(
+        "revoke", help="revoke every live key of client NAME, or one key by its ID"
+    )
+    revoke.add_argument("name_or_id")
+
+
+def cmd_api_key(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.cli import run_async
+
+    return run_async(_run(settings, args))
+
+
+async def _run(settings: Settings, args: argparse.Namespace) -> int:
+    await migrate(settings.database_url)  # the api_keys table, on a fresh install too
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        if args.key_command == "create":
+            try:
+                stored, key = await create_key(conn, args.name, args.scopes or DEFAULT_SCOPES)
+            except ApiKeyRefused as exc:
+                print(f"bulk-recorder api-key: {exc}", file=sys.stderr)
+                return 2
+            print(
+                f"API key {stored.id} for client {stored.name!r}, scopes "
+                f"{' '.join(stored.scopes)}; it is shown once, store it now:",
+                file=sys.stderr,
+            )
+            print(key)
+            return 0
+        if args.key_command == "list":
+            print(f"{'id':36}  {'client':20}  {'prefix':12}  {'scopes':44}  created / revoked")
+            for k in await list_keys(conn):
+                revoked = f"  REVOKED {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else ""
+                print(
+                    f"{k.id!s:36}  {k.name:20}  {k.prefix:12}  {','.join(k.scopes):44}  "
+                    f"{k.created_at:%Y-%m-%d %H:%M}{revoked}"
+                )
+            return 0
+        try:
+            revoked_keys = await revoke_keys(conn, args.name_or_id)
+        except ApiKeyRefused as exc:
+            print(f"bulk-recorder api-key: {exc}", file=sys.stderr)
+            return 1
+        for k in revoked_keys:
+            print(f"revoked {k.id} (client {k.name!r}, {k.prefix}...)")
+        return 0
+    finally:
+        await conn.close()

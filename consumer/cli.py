@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from bulk_recorder.logs import setup_logging
 from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
-from consumer.reach import Unreachable, check_services
+from consumer.reach import Unreachable, check_services, check_tls
 from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,13 @@ ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
     "publish": ("broker",),
     "dlq": ("broker",),
     "demo": ("database", "broker"),
+}
+# Long-running commands wait for a service that is down, but not for a certificate that their
+# settings refuse: with TLS configured, they try it once at start-up.
+LONG_RUNNING_NEEDS: dict[str, tuple[str, ...]] = {
+    "consume": ("database", "broker"),
+    "relay": ("database", "broker"),
+    "api": ("database",),
 }
 
 T = TypeVar("T")
@@ -225,11 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bulk-recorder: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
     setup_logging(settings.log_level, settings.log_format)
-    needs = ONE_SHOT_NEEDS.get(args.command)
-    if needs is not None:
+    one_shot = args.command in ONE_SHOT_NEEDS
+    needs = ONE_SHOT_NEEDS.get(args.command) or LONG_RUNNING_NEEDS.get(args.command, ())
+    if needs:
+        check = check_services if one_shot else check_tls
         try:
             run_async(
-                check_services(
+                check(
                     database_url=settings.database_url if "database" in needs else None,
                     rabbitmq_url=settings.rabbitmq_url if "broker" in needs else None,
                 )

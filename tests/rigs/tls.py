@@ -173,7 +173,10 @@ class TlsPgServer:
             ),
             "initdb",
         )  # fmt: skip
-        for source, name in ((self.pki.server_cert, "server.crt"), (self.pki.server_key, "server.key")):
+        for source, name in (
+            (self.pki.server_cert, "server.crt"),
+            (self.pki.server_key, "server.key"),
+        ):
             self._write(data / name, source.read_text(), mode=0o600)
         conf = data / "postgresql.conf"
         self._write(

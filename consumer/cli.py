@@ -81,11 +81,9 @@ async def with_stop_signals(body: Callable[[asyncio.Event], Awaitable[int]]) -> 
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.migrate import migrate
+    from consumer.migrate_cmd import run_migrate
 
-    applied = run_async(migrate(settings.database_url))
-    print("applied: " + (", ".join(applied) if applied else "nothing (schema up to date)"))
-    return 0
+    return run_async(run_migrate(settings.database_url, role_prefix=args.grant_roles))
 
 
 def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
@@ -160,7 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="RabbitMQ -> PostgreSQL bulk recorder. Settings come from the environment.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("migrate", help="create the database if missing and apply migrations")
+    mig = sub.add_parser("migrate", help="create the database if missing and apply migrations")
+    mig.add_argument(
+        "--grant-roles",
+        metavar="PREFIX",
+        type=_role_prefix,
+        default=None,
+        help="then create (if missing) and grant the roles PREFIX_recorder, PREFIX_relay and "
+        "PREFIX_api, each with only what its service needs (run as the schema's owner)",
+    )
     sub.add_parser("consume", help="run the recorder until SIGTERM/SIGINT")
 
     pub = sub.add_parser("publish", help="load generator: publish records with confirms")
@@ -215,6 +221,16 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be >= 1")
     return value
+
+
+def _role_prefix(text: str) -> str:
+    from bulk_recorder.roles import role_names
+
+    try:
+        role_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _fraction(text: str) -> float:

@@ -45,7 +45,7 @@ def endpoint(url: str) -> str:
     return f"{hosts}{parts.path or '/'}"
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
 
@@ -62,7 +62,7 @@ async def check_database(dsn: str) -> None:
         tls = tls_failure_line("DATABASE_URL", "PostgreSQL", endpoint(dsn), dsn, exc)
         if tls:
             raise Unreachable(tls, tls=True) from None
-        raise Unreachable(f"cannot reach PostgreSQL at {endpoint(dsn)}: {_reason(exc)}") from None
+        raise Unreachable(f"cannot reach PostgreSQL at {endpoint(dsn)}: {reason(exc)}") from None
     await conn.close()
 
 
@@ -85,7 +85,7 @@ async def check_broker(url: str) -> None:
         tls = tls_failure_line("RABBITMQ_URL", "RabbitMQ", where, url, exc)
         if tls:
             raise Unreachable(tls, tls=True) from None
-        raise Unreachable(f"cannot reach RabbitMQ at {where}: {_reason(exc)}") from None
+        raise Unreachable(f"cannot reach RabbitMQ at {where}: {reason(exc)}") from None
     finally:
         quiet.setLevel(level)
     await connection.close()

@@ -11,6 +11,7 @@ import logging
 
 import asyncpg
 
+from bulk_recorder.broker import endpoint
 from bulk_recorder.flusher import Backoff
 from bulk_recorder.migrate import MigrationRefused, migrate
 
@@ -78,7 +79,7 @@ async def open_pool_when_ready(
         except MigrationRefused as exc:  # the owner's migrate may be on its way: wait for it
             log.warning("%s; retrying", exc)
         except DB_ERRORS as exc:
-            log.warning("database not reachable yet (%r); retrying", exc)
+            log.warning("database at %s not reachable yet (%r); retrying", endpoint(dsn), exc)
         except Exception:  # a surprise from the driver must not end the service
             log.exception("unexpected error while connecting to the database; retrying")
         await wait_or_stop(stop, backoff.delay(attempt))

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from bulk_recorder.logs import setup_logging
+from consumer.failures import failure_line
 from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
 from consumer.reach import Unreachable, check_services, check_tls
@@ -267,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     except PortUnavailable as exc:
         print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
+    except Exception as exc:
+        line = failure_line(exc, needs=needs, settings=settings) if one_shot else None
+        if line is None:
+            raise
+        log.debug("%s failed", args.command, exc_info=True)
+        print(f"bulk-recorder {args.command}: {line}", file=sys.stderr)
+        return EXIT_UNREACHABLE
 
 
 if __name__ == "__main__":  # pragma: no cover

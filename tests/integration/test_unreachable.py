@@ -98,8 +98,6 @@ def test_a_server_that_refuses_after_the_reachability_check_is_one_line_too(
     ("command", "service"),
     [
         ("consume", "PostgreSQL"),
-        ("consume", "RabbitMQ"),
-        ("relay", "PostgreSQL"),
         ("relay", "RabbitMQ"),
     ],
 )

@@ -129,9 +129,11 @@ class Workload:
                 out[(op["account_id"], op["asset_code"])] += sign * Decimal(op["amount"])
         return dict(out)
 
-    async def post(self, api: str) -> str:
-        """POST every transaction (202 each) and the job (202); returns the job id."""
-        async with httpx.AsyncClient(base_url=api, timeout=60) as client:
+    async def post(self, api: str, headers: dict[str, str] | None = None) -> str:
+        """POST every transaction (202 each) and the job (202); returns the job id.
+
+        ``headers`` go with every request (credentials, when the API asks for them)."""
+        async with httpx.AsyncClient(base_url=api, timeout=60, headers=headers) as client:
             for tx in self.transactions:
                 response = await client.post("/v1/transactions", json=tx)
                 assert response.status_code == 202, response.text

@@ -100,11 +100,10 @@ async def _apply_locked(conn: asyncpg.Connection) -> list[str]:
     applied: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
     try:
-        if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
         for name, sql in migration_files():
             if name in done:

@@ -137,7 +137,7 @@ NOT_THEIRS = {
 }
 
 
-async def test_ddl_other_schemas_and_other_services_writes_are_refused_and_migrate_needs_no_ddl(
+async def test_roles_are_refused_ddl_and_other_writes_and_migrate_needs_none(
     least_privilege: LeastPrivilege,
 ) -> None:
     lp = least_privilege

@@ -7,9 +7,10 @@ down. A wrong value fails start-up with a :class:`SettingsError` that names the 
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -198,6 +199,9 @@ class Settings(BaseSettings):
     def _postgres_scheme(cls, value: str) -> str:
         if not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL")
+        problem = _tls_files_problem(value, ("sslrootcert", "sslcert", "sslkey", "sslcrl"))
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("rabbitmq_url")
@@ -212,6 +216,9 @@ class Settings(BaseSettings):
                     f"must be an amqp:// or amqps:// URL, or a comma-separated list of them, one "
                     f"per cluster node; {where} {problem}"
                 )
+            files = _tls_files_problem(url, ("cafile", "capath", "certfile", "keyfile"))
+            if files:
+                raise ValueError(f"{where}: {files}")
         return ",".join(urls)
 
     # -- derived values ----------------------------------------------------------------------
@@ -285,6 +292,22 @@ def _amqp_url_problem(url: str) -> str:
         return "has no host"
     if port == 0:
         return "has port 0"
+    return ""
+
+
+def _tls_files_problem(url: str, parameters: tuple[str, ...]) -> str:
+    """Why a certificate or key file named in ``url``'s query cannot be used ("" if all can).
+
+    The drivers open these files at connect time; a missing one is a bad setting, found here.
+    """
+    query = parse_qs(urlsplit(url).query)
+    for name in parameters:
+        for path in query.get(name, []):
+            if name == "sslrootcert" and path == "system":  # libpq: the system's CAs
+                continue
+            wanted = os.path.isdir if name == "capath" else os.path.isfile
+            if not wanted(path) or not os.access(path, os.R_OK):
+                return f"{name}={path} is not a readable {'folder' if name == 'capath' else 'file'}"
     return ""
 
 

@@ -89,6 +89,12 @@ class BrokerNodes:
         self.urls = tuple(urls)
         self._next = (rng or random.Random()).randrange(len(self.urls))
         self.current: str | None = None
+        self.tried: str = self.urls[self._next]  # the node of the last connect, for log lines
+
+    @property
+    def where(self) -> str:
+        """``host:port/vhost`` of the node last tried (no user, no password)."""
+        return endpoint(self.tried)
 
     @classmethod
     def from_setting(cls, value: str) -> BrokerNodes:
@@ -106,6 +112,7 @@ class BrokerNodes:
         error: BaseException | None = None
         for url in self.order():
             self._next = (self.urls.index(url) + 1) % len(self.urls)
+            self.tried = url
             if len(self.urls) > 1:
                 log.info("connecting to RabbitMQ node %s", endpoint(url))
             try:

@@ -11,8 +11,9 @@ import logging
 
 import asyncpg
 
+from bulk_recorder.broker import endpoint
 from bulk_recorder.flusher import Backoff
-from bulk_recorder.migrate import migrate
+from bulk_recorder.migrate import MigrationRefused, migrate
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,10 @@ async def open_pool_when_ready(
                 timeout=10,
                 reset=keep_session,
             )
+        except MigrationRefused as exc:  # the owner's migrate may be on its way: wait for it
+            log.warning("%s; retrying", exc)
         except DB_ERRORS as exc:
-            log.warning("database not reachable yet (%r); retrying", exc)
+            log.warning("database at %s not reachable yet (%r); retrying", endpoint(dsn), exc)
         except Exception:  # a surprise from the driver must not end the service
             log.exception("unexpected error while connecting to the database; retrying")
         await wait_or_stop(stop, backoff.delay(attempt))

@@ -10,6 +10,11 @@ import asyncpg
 
 log = logging.getLogger(__name__)
 
+
+class MigrationRefused(Exception):
+    """The schema needs a change that the connected role may not make; the message says what."""
+
+
 # Any constant works; it only has to be the same for every process that migrates this schema.
 _LOCK_KEY = 0x62756C6B  # "bulk"
 
@@ -55,8 +60,45 @@ async def create_database_if_missing(dsn: str) -> bool:
         await conn.close()
 
 
+async def pending_migrations(conn: asyncpg.Connection) -> list[str] | None:
+    """Names of the migrations not applied yet; None when ``schema_migrations`` is missing."""
+    if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
+        return None
+    done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
+    return [name for name, _ in migration_files() if name not in done]
+
+
 async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
-    """Apply the migrations not yet recorded in ``schema_migrations``; returns their names."""
+    """Apply the migrations not yet recorded in ``schema_migrations``; returns their names.
+
+    It reads first: a schema already up to date is left alone without a lock or any DDL, so
+    the services, which migrate at start-up, may run as roles that hold no DDL rights. A change
+    the role may not make raises :class:`MigrationRefused`.
+    """
+    try:
+        if await pending_migrations(conn) == []:
+            return []
+        return await _apply_locked(conn)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        user = await conn.fetchval("SELECT current_user")
+        pending = await _pending_or_unknown(conn)
+        raise MigrationRefused(
+            f"role {user} may not bring the schema up to date ({pending}: {exc}); "
+            "run `bulk-recorder migrate` as the schema's owner"
+        ) from None
+
+
+async def _pending_or_unknown(conn: asyncpg.Connection) -> str:
+    try:
+        pending = await pending_migrations(conn)
+    except asyncpg.PostgresError:
+        return "schema_migrations not readable"
+    if pending is None:
+        return "no schema_migrations table"
+    return "pending: " + ", ".join(pending)
+
+
+async def _apply_locked(conn: asyncpg.Connection) -> list[str]:
     applied: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
     try:
@@ -78,10 +120,22 @@ async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
     return applied
 
 
+async def connect_creating(dsn: str) -> asyncpg.Connection:
+    """Connect to ``dsn``'s database, creating it first only when it does not exist.
+
+    The database's own connection comes first: a role allowed into its database only never
+    needs the server's maintenance database.
+    """
+    try:
+        return await asyncpg.connect(dsn)
+    except asyncpg.InvalidCatalogNameError:
+        await create_database_if_missing(dsn)
+        return await asyncpg.connect(dsn)
+
+
 async def migrate(dsn: str) -> list[str]:
     """Create the database if needed and bring its schema up to date."""
-    await create_database_if_missing(dsn)
-    conn = await asyncpg.connect(dsn)
+    conn = await connect_creating(dsn)
     try:
         return await apply_migrations(conn)
     finally:

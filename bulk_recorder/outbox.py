@@ -368,7 +368,11 @@ class Relay:
                 if not stop.is_set():
                     log.warning("relay lost the broker connection; rows wait in the outbox")
             except BROKER_ERRORS as exc:
-                log.warning("broker not reachable (%r); rows wait in the outbox", exc)
+                log.warning(
+                    "broker at %s not reachable (%r); rows wait in the outbox",
+                    self._nodes.where,
+                    exc,
+                )
                 log.debug("broker failure", exc_info=True)
             except asyncio.CancelledError:
                 if cancel_requested():

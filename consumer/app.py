@@ -236,7 +236,7 @@ class Recorder:
             except TopologyMismatch:
                 raise
             except BROKER_ERRORS as exc:
-                log.warning("broker connection failed: %r", exc)
+                log.warning("broker connection to %s failed: %r", self._nodes.where, exc)
                 log.debug("broker failure", exc_info=True)
             except asyncio.CancelledError:
                 if cancel_requested():

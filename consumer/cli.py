@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 
 from bulk_recorder.logs import setup_logging
 from consumer import api_keys
+from consumer.failures import failure_line
 from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
-from consumer.reach import Unreachable, check_services
+from consumer.reach import Unreachable, check_services, check_tls
 from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,13 @@ ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
     "dlq": ("broker",),
     "demo": ("database", "broker"),
     "api-key": ("database",),
+}
+# Long-running commands wait for a service that is down, but not for a certificate that their
+# settings refuse: with TLS configured, they try it once at start-up.
+LONG_RUNNING_NEEDS: dict[str, tuple[str, ...]] = {
+    "consume": ("database", "broker"),
+    "relay": ("database", "broker"),
+    "api": ("database",),
 }
 
 T = TypeVar("T")
@@ -76,11 +84,9 @@ async def with_stop_signals(body: Callable[[asyncio.Event], Awaitable[int]]) -> 
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.migrate import migrate
+    from consumer.migrate_cmd import run_migrate
 
-    applied = run_async(migrate(settings.database_url))
-    print("applied: " + (", ".join(applied) if applied else "nothing (schema up to date)"))
-    return 0
+    return run_async(run_migrate(settings.database_url, role_prefix=args.grant_roles))
 
 
 def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
@@ -155,7 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="RabbitMQ -> PostgreSQL bulk recorder. Settings come from the environment.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("migrate", help="create the database if missing and apply migrations")
+    mig = sub.add_parser("migrate", help="create the database if missing and apply migrations")
+    mig.add_argument(
+        "--grant-roles",
+        metavar="PREFIX",
+        type=_role_prefix,
+        default=None,
+        help="then create (if missing) and grant the roles PREFIX_recorder, PREFIX_relay and "
+        "PREFIX_api, each with only what its service needs (run as the schema's owner)",
+    )
     sub.add_parser("consume", help="run the recorder until SIGTERM/SIGINT")
 
     pub = sub.add_parser("publish", help="load generator: publish records with confirms")
@@ -214,6 +228,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _role_prefix(text: str) -> str:
+    from bulk_recorder.roles import role_names
+
+    try:
+        role_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
@@ -229,11 +253,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bulk-recorder: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
     setup_logging(settings.log_level, settings.log_format)
-    needs = ONE_SHOT_NEEDS.get(args.command)
-    if needs is not None:
+    one_shot = args.command in ONE_SHOT_NEEDS
+    needs = ONE_SHOT_NEEDS.get(args.command) or LONG_RUNNING_NEEDS.get(args.command, ())
+    if needs:
+        check = check_services if one_shot else check_tls
         try:
             run_async(
-                check_services(
+                check(
                     database_url=settings.database_url if "database" in needs else None,
                     rabbitmq_url=settings.rabbitmq_url if "broker" in needs else None,
                 )
@@ -246,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     except PortUnavailable as exc:
         print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
         return EXIT_SETTINGS
+    except Exception as exc:
+        line = failure_line(exc, needs=needs, settings=settings) if one_shot else None
+        if line is None:
+            raise
+        log.debug("%s failed", args.command, exc_info=True)
+        print(f"bulk-recorder {args.command}: {line}", file=sys.stderr)
+        return EXIT_UNREACHABLE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,7 @@ services it needs before it starts and stops with one line naming the service an
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -16,6 +17,7 @@ import asyncpg
 from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes, split_urls
 from bulk_recorder.db import DB_ERRORS
 from bulk_recorder.migrate import maintenance_dsn
+from bulk_recorder.tls import amqp_uses_tls, pg_uses_tls, tls_failure_line
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,15 @@ _DB_DOWN: tuple[type[BaseException], ...] = (*DB_ERRORS, ValueError)
 
 
 class Unreachable(Exception):
-    """A service a one-shot command needs cannot be reached; the message is the one line."""
+    """A service a one-shot command needs cannot be reached; the message is the one line.
+
+    ``tls`` is True when the server answered but TLS failed (its certificate refused): a setting
+    to fix, which retrying cannot mend.
+    """
+
+    def __init__(self, line: str, *, tls: bool = False) -> None:
+        super().__init__(line)
+        self.tls = tls
 
 
 def endpoint(url: str) -> str:
@@ -35,17 +45,24 @@ def endpoint(url: str) -> str:
     return f"{hosts}{parts.path or '/'}"
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
 
 
 async def check_database(dsn: str) -> None:
-    """Connect to the server of ``dsn`` (its maintenance database: ``migrate`` may create ours)."""
+    """Connect to ``dsn``'s database, or to the server's maintenance database when ours does
+    not exist yet (``migrate`` creates it): a role may be allowed into its own database only."""
     try:
-        conn = await asyncpg.connect(maintenance_dsn(dsn), timeout=CONNECT_TIMEOUT_S)
+        try:
+            conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
+        except asyncpg.InvalidCatalogNameError:
+            conn = await asyncpg.connect(maintenance_dsn(dsn), timeout=CONNECT_TIMEOUT_S)
     except _DB_DOWN as exc:
-        raise Unreachable(f"cannot reach PostgreSQL at {endpoint(dsn)}: {_reason(exc)}") from None
+        tls = tls_failure_line("DATABASE_URL", "PostgreSQL", endpoint(dsn), dsn, exc)
+        if tls:
+            raise Unreachable(tls, tls=True) from None
+        raise Unreachable(f"cannot reach PostgreSQL at {endpoint(dsn)}: {reason(exc)}") from None
     await conn.close()
 
 
@@ -65,7 +82,30 @@ async def check_broker(url: str) -> None:
         connection = await BrokerNodes.from_setting(url).connect(wait_s=CONNECT_TIMEOUT_S)
     except _BROKER_DOWN as exc:
         where = ", ".join(endpoint(node) for node in split_urls(url))
-        raise Unreachable(f"cannot reach RabbitMQ at {where}: {_reason(exc)}") from None
+        tls = tls_failure_line("RABBITMQ_URL", "RabbitMQ", where, url, exc)
+        if tls:
+            raise Unreachable(tls, tls=True) from None
+        raise Unreachable(f"cannot reach RabbitMQ at {where}: {reason(exc)}") from None
     finally:
         quiet.setLevel(level)
     await connection.close()
+
+
+async def check_tls(*, database_url: str | None, rabbitmq_url: str | None) -> None:
+    """For the long-running commands: raise :class:`Unreachable` only for a TLS failure.
+
+    They wait for a service that is down, but a certificate their settings refuse will not
+    mend itself: it stops them at start-up with one line. Services without TLS are not tried.
+    """
+    tried: list[tuple[Callable[[str], Awaitable[None]], str]] = []
+    if database_url is not None and pg_uses_tls(database_url):
+        tried.append((check_database, database_url))
+    if rabbitmq_url is not None and any(amqp_uses_tls(u) for u in split_urls(rabbitmq_url)):
+        tried.append((check_broker, rabbitmq_url))
+    for check, url in tried:
+        try:
+            await check(url)
+        except Unreachable as exc:
+            if exc.tls:
+                raise
+            log.debug("%s (the command waits for it)", exc)

@@ -34,6 +34,8 @@ SHUTDOWN = "Orderly shutdown"
 BAD_SETTINGS = "Bad settings fail at start-up"
 PRODUCER = "Producer side"
 AUTH = "Every /v1 call is authenticated, scoped and isolated per client"
+TLS = "TLS, proven"
+LEAST_PRIVILEGE = "Least privilege"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
@@ -45,6 +47,8 @@ T_PROPERTY = "tests/unit/test_flusher_property.py::"
 T_FRAMES = "tests/faults/test_ack_frames.py::"
 T_DB_ERRORS = "tests/faults/test_db_errors.py::"
 T_OUTAGE = "tests/faults/test_db_outage.py::"
+T_ROLES = "tests/integration/test_roles.py::"
+T_TLS = "tests/faults/test_tls.py::"
 
 SORTED_KEYS_TESTS = (
     T_BALANCES + "test_every_write_sends_its_keys_in_sorted_order",
@@ -315,5 +319,31 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/faults/test_bad_input.py::test_a_bad_setting_stops_consume_naming_the_variable",
         ),
         fast=True,
+    ),
+    Mutant(
+        name="service-role-may-truncate",
+        path="bulk_recorder/sql/roles/grants.sql",
+        old="'GRANT SELECT, INSERT ON %1$s.transactions, %1$s.credit_annotations TO",
+        new="'GRANT SELECT, INSERT, TRUNCATE ON %1$s.transactions, %1$s.credit_annotations TO",
+        promise=LEAST_PRIVILEGE,
+        tests=(T_ROLES + "test_roles_are_refused_ddl_and_other_writes_and_migrate_needs_none",),
+        fast=True,
+    ),
+    Mutant(
+        name="migrate-takes-the-lock-and-ddl-when-up-to-date",
+        path="bulk_recorder/migrate.py",
+        old="        if await pending_migrations(conn) == []:\n            return []\n",
+        new="",
+        promise=LEAST_PRIVILEGE,
+        tests=(T_ROLES + "test_roles_are_refused_ddl_and_other_writes_and_migrate_needs_none",),
+        fast=True,
+    ),
+    Mutant(
+        name="tls-refusal-not-named",
+        path="bulk_recorder/tls.py",
+        old="    error = tls_error(exc)\n",
+        new="    error = None\n",
+        promise=TLS,
+        tests=(T_TLS + "test_a_certificate_from_another_ca_is_one_line_naming_the_setting",),
     ),
 )

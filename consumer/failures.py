@@ -1,0 +1,44 @@
+"""One line for a one-shot command that a service refused or dropped after it started.
+
+``consumer.reach`` checks that each service answers before a one-shot command starts. The
+server can still refuse us afterwards (no right to create the database, a pending migration the
+role may not apply) or drop the connection half-way: the operator gets one line naming the
+service and the host (never the password) instead of a traceback, as for every other bad input.
+"""
+
+from __future__ import annotations
+
+import aiormq
+import asyncpg
+
+from bulk_recorder.broker import split_urls
+from bulk_recorder.migrate import MigrationRefused
+from bulk_recorder.roles import RolesRefused
+from bulk_recorder.tls import tls_failure_line
+from consumer.reach import endpoint, reason
+from settings import Settings
+
+_PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
+_CONNECTION_ERRORS = (OSError, TimeoutError, EOFError)
+
+
+def failure_line(exc: BaseException, *, needs: tuple[str, ...], settings: Settings) -> str | None:
+    """The line for ``exc``, or None when it is none of a service's doing (a real bug)."""
+    if isinstance(exc, MigrationRefused | RolesRefused):
+        return str(exc)
+    if isinstance(exc, _PG_ERRORS):
+        service = "database"
+    elif isinstance(exc, aiormq.exceptions.AMQPError):
+        service = "broker"
+    elif isinstance(exc, _CONNECTION_ERRORS) and len(needs) == 1:
+        service = needs[0]  # only one service to blame
+    else:
+        return None
+    if service == "database":
+        url, where = settings.database_url, endpoint(settings.database_url)
+        tls = tls_failure_line("DATABASE_URL", "PostgreSQL", where, url, exc)
+        return tls or f"PostgreSQL at {where}: {reason(exc)}"
+    url = settings.rabbitmq_url
+    where = ", ".join(endpoint(node) for node in split_urls(url))
+    tls = tls_failure_line("RABBITMQ_URL", "RabbitMQ", where, url, exc)
+    return tls or f"RabbitMQ at {where}: {reason(exc)}"

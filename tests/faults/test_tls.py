@@ -29,6 +29,7 @@ import pytest
 
 from settings import load_settings
 from tests.conftest import run_cli, settings_env, unique_name, wait_for
+from tests.integration.producer_support import bearer, provision_key
 from tests.rigs import postgres_server, rabbitmq_node
 from tests.rigs.pipeline import ROLES, Pipeline, Workload, assert_recorded_exactly, recorded
 from tests.rigs.tls import Pki, TlsPgServer, TlsRabbit, make_pki, tls_rabbit_node
@@ -81,7 +82,8 @@ async def test_api_relay_and_recorder_over_tls_record_everything_once(
     conn: asyncpg.Connection | None = None
     try:
         await pipeline.start()
-        await work.post(pipeline.api)
+        key = await provision_key(dsn)
+        await work.post(pipeline.api, bearer(key))
         conn = await asyncpg.connect(dsn)
         await wait_for(lambda: recorded(conn, work), timeout=120)
 

@@ -24,7 +24,7 @@ import pytest
 
 from bulk_recorder.loadgen import Generator
 from tests.conftest import SettingsFactory, free_port, settings_env, wait_for
-from tests.integration.producer_support import ndjson
+from tests.integration.producer_support import bearer, ndjson, provision_key
 
 pytestmark = [
     pytest.mark.postgres,
@@ -103,6 +103,7 @@ async def test_relay_stopped_mid_job_shows_unsent_rows_their_age_then_stalled_th
 
         await procs.start("api", ["api"], {**env, "API_PORT": str(api_port), "METRICS_PORT": "0"})
         await wait_for(lambda: ready(f"{api}/readyz"), timeout=60)  # the API migrates
+        http.headers.update(bearer(await provision_key(env["DATABASE_URL"])))
         await procs.start("recorder", ["consume"], {**env, "METRICS_PORT": str(recorder_port)})
         await procs.start("relay", relay_argv, relay_env)
         await wait_for(lambda: ready(f"http://127.0.0.1:{recorder_port}/readyz"), timeout=60)

@@ -53,7 +53,7 @@ def test_derived_defaults(clean_env: pytest.MonkeyPatch) -> None:
     s = load_settings()
     assert s.bulk_mode_active
     assert s.effective_batch_size == 50  # workers x prefetch
-    assert s.channel_prefetch == 100  # headroom: twice the batch
+    assert s.channel_prefetch == 300  # a batch for each of the 5 flush workers, one filling
     assert s.dead_letter_exchange == "bulk_recorder.dlx"
     assert s.dead_letter_queue == "bulk_recorder.records.dlq"
     assert s.metrics_host == "127.0.0.1"  # loopback unless asked (the image sets 0.0.0.0)
@@ -66,7 +66,7 @@ def test_environment_is_read(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("LOG_FORMAT", "JSON")
     s = load_settings()
     assert s.effective_batch_size == 1000
-    assert s.channel_prefetch == 2000
+    assert s.channel_prefetch == 4000  # (3 workers + 1) x 1000
     assert s.log_format == "json"
 
 

@@ -57,7 +57,7 @@ from benchmarks.common import (
     temp_topology,
     use_uvloop,
 )
-from bulk_recorder.loadgen import Generator
+from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
 CHUNK = 65_536

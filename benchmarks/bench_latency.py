@@ -41,7 +41,7 @@ from benchmarks.common import (
     temp_database,
     temp_topology,
 )
-from bulk_recorder.loadgen import Generator
+from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
 

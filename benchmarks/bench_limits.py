@@ -56,7 +56,7 @@ from benchmarks.common import (
     temp_topology,
     wait_visible,
 )
-from bulk_recorder.loadgen import Generator
+from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
 CONSUMERS = ("aio-pika ack", "aiormq basic_ack", "aiormq basic_ack wait=False", "aiormq one write")

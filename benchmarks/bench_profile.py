@@ -155,9 +155,9 @@ async def profile_run(
 def micro() -> list[tuple[str, float]]:
     """CPU microseconds per call of hot-path pieces, median of 5 timeit runs."""
     from benchmarks.bench_decode import CASES
-    from bulk_recorder.collector import BulkCollector
-    from bulk_recorder.flusher import Pending
-    from bulk_recorder.metrics import Metrics
+    from bulk_recorder.infra.metrics import Metrics
+    from bulk_recorder.recorder.collector import BulkCollector
+    from bulk_recorder.recorder.flusher import Pending
     from bulk_recorder.records import decode
 
     metrics = Metrics()

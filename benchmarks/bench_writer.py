@@ -47,9 +47,10 @@ from benchmarks.common import (
     table,
     temp_database,
 )
-from bulk_recorder.loadgen import Generator, uuid7
+from bulk_recorder.infra.ids import uuid7
+from bulk_recorder.recorder.writer import ANNOTATION_COLUMNS, TRANSACTION_COLUMNS, PgWriter
 from bulk_recorder.records import CreditAnnotation, Record, Transaction, decode
-from bulk_recorder.writer import ANNOTATION_COLUMNS, TRANSACTION_COLUMNS, PgWriter
+from consumer.tools.loadgen import Generator
 
 CHUNK = 1000
 TABLES: dict[str, tuple[str, ...]] = {

@@ -30,8 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 
-from bulk_recorder.loadgen import LoadReport, LoadSpec, publish_load
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, declare_topology, delete_topology
 
 REPO = Path(__file__).resolve().parent.parent

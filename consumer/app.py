@@ -27,18 +27,19 @@ import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
-from bulk_recorder.broker import (
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
     broker_failures_suppressed,
     cancel_requested,
 )
-from bulk_recorder.collector import BulkCollector
-from bulk_recorder.db import open_pool_when_ready, wait_or_stop
-from bulk_recorder.flusher import Backoff, Flusher, Pending, count_dead_letter, release_all
-from bulk_recorder.metrics import Metrics
+from bulk_recorder.infra.db import open_pool_when_ready, wait_or_stop
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.recorder.collector import BulkCollector
+from bulk_recorder.recorder.flusher import Flusher, Pending, count_dead_letter, release_all
+from bulk_recorder.recorder.writer import PgWriter, rows_per_insert
 from bulk_recorder.records import RecordError, decode
-from bulk_recorder.writer import PgWriter, rows_per_insert
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
 from consumer.health import HealthServer
 from consumer.publisher import Publisher

@@ -14,10 +14,10 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from bulk_recorder.logs import setup_logging
+from bulk_recorder.infra.logs import setup_logging
+from bulk_recorder.infra.reach import Unreachable, check_services
 from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
-from consumer.reach import Unreachable, check_services
 from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ async def with_stop_signals(body: Callable[[asyncio.Event], Awaitable[int]]) -> 
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.migrate import migrate
+    from bulk_recorder.infra.migrate import migrate
 
     applied = run_async(migrate(settings.database_url))
     print("applied: " + (", ".join(applied) if applied else "nothing (schema up to date)"))
@@ -96,7 +96,7 @@ def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.loadgen import LoadSpec, ProgressBar, publish_load
+    from consumer.tools.loadgen import LoadSpec, ProgressBar, publish_load
 
     spec = LoadSpec(
         record_type=args.type,
@@ -134,13 +134,13 @@ def _declare(settings: Settings) -> Callable[[Any], Awaitable[None]]:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.demo import run_demo
+    from consumer.tools.demo import run_demo
 
     return run_async(run_demo(settings, count=args.count, via=args.via))
 
 
 def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.dlq import inspect_dlq, replay_dlq
+    from consumer.tools.dlq import inspect_dlq, replay_dlq
 
     if args.dlq_command == "inspect":
         return run_async(inspect_dlq(settings, samples=args.samples))

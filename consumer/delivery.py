@@ -39,8 +39,9 @@ import aiormq
 from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
 from pamqp import commands as spec
 
-from bulk_recorder.broker import cancel_requested
-from bulk_recorder.flusher import Backoff, DeadLetterResult, Delivery
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.broker import cancel_requested
+from bulk_recorder.recorder.flusher import DeadLetterResult, Delivery
 from consumer.publisher import Publisher
 
 log = logging.getLogger(__name__)

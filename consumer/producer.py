@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from bulk_recorder.api import create_app
+    from bulk_recorder.producer.api import create_app
     from consumer.cli import run_async
 
     config = uvicorn.Config(
@@ -82,7 +82,7 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.outbox import Relay, RelayConfig
+    from bulk_recorder.producer.relay import Relay, RelayConfig
     from consumer.cli import run_async, with_stop_signals
     from consumer.health import HealthServer
     from consumer.topology import Topology, declare_topology

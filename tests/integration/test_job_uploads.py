@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-import bulk_recorder.api as api_module
-from bulk_recorder.ingest import CSV_COLUMNS
-from bulk_recorder.job_staging import STAGING_TABLE
-from bulk_recorder.loadgen import Generator
+import bulk_recorder.producer.api.routes as api_module
+from bulk_recorder.producer.ingest import CSV_COLUMNS
+from bulk_recorder.producer.job_staging import STAGING_TABLE
+from consumer.tools.loadgen import Generator
 from tests.conftest import free_port, settings_env, wait_for
 from tests.integration.producer_support import api_client, ndjson
 

@@ -18,11 +18,11 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import pytest
 
-import bulk_recorder.api as api_module
-from bulk_recorder.job_staging import STAGING_TABLE, JobStaging
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.outbox import Relay, RelayConfig
+import bulk_recorder.producer.api.routes as api_module
+from bulk_recorder.producer.job_staging import STAGING_TABLE, JobStaging
+from bulk_recorder.producer.relay import Relay, RelayConfig
 from bulk_recorder.records import decode
+from consumer.tools.loadgen import Generator
 from tests.conftest import settings_env, wait_for
 from tests.faults.proxy import TcpProxy as HoldingProxy
 from tests.integration.producer_support import (

@@ -52,7 +52,7 @@ SORTED_KEYS_TESTS = (
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="ack-before-commit",
-        path="bulk_recorder/flusher.py",
+        path="bulk_recorder/recorder/flusher.py",
         old="                await self._isolate(live, outcome)\n",
         new=(
             "                outcome.committed.extend(live)\n"
@@ -81,7 +81,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="no-on-conflict-transactions",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="          metadata)\nON CONFLICT (id) DO NOTHING\n",
         new="          metadata)\n",
         promise=EXACTLY_ONCE,
@@ -92,7 +92,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="no-on-conflict-annotations",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="reason)\nON CONFLICT (id) DO NOTHING\n",
         new="reason)\n",
         promise=EXACTLY_ONCE,
@@ -103,7 +103,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="balances-for-old-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="deltas = balance_deltas(fresh)",
         new="deltas = balance_deltas(txs)",
         promise=EXACTLY_ONCE,
@@ -115,7 +115,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-balance-keys",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="keys = sorted(deltas)",
         new="keys = list(deltas)",
         promise=REPLICAS,
@@ -124,7 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="unique = sorted(seen.values(), key=_record_id)",
         new="unique = list(seen.values())",
         promise=REPLICAS,
@@ -133,7 +133,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-operation-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="key=lambda pair: pair[0].id",
         new="key=lambda pair: pair[1].id",
         promise=REPLICAS,
@@ -142,7 +142,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="outage-codes-as-data",
-        path="bulk_recorder/errors.py",
+        path="bulk_recorder/infra/errors.py",
         old='_DATA_CLASSES = ("22", "23", "54")',
         new='_DATA_CLASSES = ("22", "23", "54", "40", "57")',
         promise=OUTAGE,
@@ -154,7 +154,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="every-db-error-as-data",
-        path="bulk_recorder/errors.py",
+        path="bulk_recorder/infra/errors.py",
         old='return TransientDbError(f"{type(exc).__name__}: {exc}"[:300])',
         new='return DataRejected(f"{type(exc).__name__}: {exc}"[:300])',
         promise=OUTAGE,
@@ -166,7 +166,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="poison-acked",
-        path="bulk_recorder/flusher.py",
+        path="bulk_recorder/recorder/flusher.py",
         old="outcome.poison.append((items[0], exc.reason))",
         new="outcome.committed.append(items[0])",
         promise=REFUSED_ROW,
@@ -203,7 +203,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="outbox-row-deleted-before-the-confirm",
-        path="bulk_recorder/outbox.py",
+        path="bulk_recorder/producer/relay.py",
         old="rows = await conn.fetch(_CLAIM, self.config.batch_size)\n",
         new=(
             "rows = await conn.fetch(_CLAIM, self.config.batch_size)\n"
@@ -214,7 +214,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="job-idempotency-key-not-checked",
-        path="bulk_recorder/api.py",
+        path="bulk_recorder/producer/api/routes.py",
         old="_INSERT_JOB,\n                        job_id,\n                        key,\n",
         new="_INSERT_JOB,\n                        job_id,\n                        None,\n",
         promise=PRODUCER,
@@ -223,7 +223,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="transaction-idempotency-key-not-checked",
-        path="bulk_recorder/api.py",
+        path="bulk_recorder/producer/api/routes.py",
         old="_INSERT_REQUEST, record.id, key, request_hash",
         new="_INSERT_REQUEST, record.id, None, request_hash",
         promise=PRODUCER,

@@ -44,18 +44,29 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from bulk_recorder.errors import DataRejected, TransientDbError, classify, renew_if_server_gone
-from bulk_recorder.ingest import CONTENT_TYPES, FormatError, JobIntake, TooManyLines, parser_for
-from bulk_recorder.job_staging import JobStaging
-from bulk_recorder.loadgen import uuid7
-from bulk_recorder.metrics import Metrics
-from bulk_recorder.migrate import migrate
-from bulk_recorder.outbox import enqueue, notify, outbox_stats, record_stats
+from bulk_recorder.infra.errors import (
+    DataRejected,
+    TransientDbError,
+    classify,
+    renew_if_server_gone,
+)
+from bulk_recorder.infra.ids import uuid7
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.ingest import (
+    CONTENT_TYPES,
+    FormatError,
+    JobIntake,
+    TooManyLines,
+    parser_for,
+)
+from bulk_recorder.producer.job_staging import JobStaging
+from bulk_recorder.producer.outbox import enqueue, notify, outbox_stats, record_stats
+from bulk_recorder.recorder.writer import PgWriter, WriteResult
 from bulk_recorder.records import RecordError, Transaction, decode
-from bulk_recorder.writer import PgWriter, WriteResult
 from settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
 
 __all__ = ["ApiError", "create_app"]
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import aio_pika
 import aiormq
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.broker")  # the name logs have always carried
 
 # StopAsyncIteration and EOFError: when the peer closes the socket (FIN) right after accepting it,
 # as a proxy or a load balancer with no healthy backend does, aiormq's frame reader finds the

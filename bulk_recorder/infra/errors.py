@@ -13,7 +13,7 @@ import logging
 
 import asyncpg
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.errors")  # the name logs have always carried
 
 # SQLSTATE classes that mean "this row is wrong": data exception, integrity constraint violation,
 # program limit exceeded (e.g. a value too large for an index row).

@@ -11,10 +11,10 @@ import logging
 
 import asyncpg
 
-from bulk_recorder.flusher import Backoff
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.migrate import migrate
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.db")  # the name logs have always carried
 
 # What a database that is away looks like to asyncpg. InternalClientError is what it raises on
 # a pooled connection the server has just terminated.

@@ -13,11 +13,11 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes, split_urls
-from bulk_recorder.db import DB_ERRORS
-from bulk_recorder.migrate import maintenance_dsn
+from bulk_recorder.infra.broker import BROKER_ERRORS, BrokerNodes, split_urls
+from bulk_recorder.infra.db import DB_ERRORS
+from bulk_recorder.infra.migrate import maintenance_dsn
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("consumer.reach")  # the name logs have always carried
 
 CONNECT_TIMEOUT_S = 10.0
 _BROKER_DOWN: tuple[type[BaseException], ...] = (*BROKER_ERRORS, ValueError)

@@ -26,12 +26,12 @@ from typing import Any
 
 import asyncpg
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
-from consumer.demo import _free_port, _http_get, _Line
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.demo import _free_port, _http_get, _Line
+from consumer.tools.loadgen import Generator
 from settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("consumer.demo_api")  # the name logs have always carried
 
 INVALID_EVERY = 500  # one invalid line in 500 (0.2%)
 

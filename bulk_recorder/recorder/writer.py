@@ -27,10 +27,10 @@ from typing import Any, Protocol
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from bulk_recorder.errors import classify, renew_if_server_gone
+from bulk_recorder.infra.errors import classify, renew_if_server_gone
 from bulk_recorder.records import CreditAnnotation, Operation, Record, Transaction
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.writer")  # the name logs have always carried
 
 Connection = asyncpg.Connection | PoolConnectionProxy
 

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import asyncpg
 
-from bulk_recorder.broker import BrokerNodes
-from bulk_recorder.loadgen import Generator, LoadReport, LoadSpec, publish_load
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.broker import BrokerNodes
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import Generator, LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("consumer.demo")  # the name logs have always carried
 
 DUPLICATES = 0.05
 INVALID = 0.002
@@ -108,7 +108,7 @@ class _Line:
 
 async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int:
     if via == "api":
-        from consumer.demo_api import run_demo_via_api
+        from consumer.tools.demo_api import run_demo_via_api
 
         return await run_demo_via_api(settings, count=count)
     topology = Topology.from_settings(settings)

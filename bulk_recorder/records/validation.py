@@ -21,7 +21,7 @@ from datetime import UTC, date, datetime
 from decimal import Context, Decimal
 from typing import Any, ClassVar, Final, NoReturn, TypeAlias
 
-from bulk_recorder.documents import normalize_document
+from bulk_recorder.records.documents import normalize_document
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -36,7 +36,7 @@ __all__ = [
     "decode",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("bulk_recorder.records")  # the name logs have always carried
 
 RECORD_TYPES: tuple[str, ...] = ("transaction", "credit_annotation")
 DEFAULT_MAX_BODY_BYTES = 1_048_576

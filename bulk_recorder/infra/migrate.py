@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.migrate")  # the name logs have always carried
 
 # Any constant works; it only has to be the same for every process that migrates this schema.
 _LOCK_KEY = 0x62756C6B  # "bulk"

@@ -1,8 +1,4 @@
-"""Transactional outbox: write helpers for producers, and the :class:`Relay` that empties it.
-
-Producers (the ingest API) call :func:`enqueue` or :func:`copy_to_outbox` inside the database
-transaction that stores their work, then :func:`notify`: the rows exist exactly when the work
-does, and the notification is delivered at commit.
+"""The :class:`Relay` that empties the transactional outbox (:mod:`bulk_recorder.producer.outbox`).
 
 The relay, in each of its lanes, repeats one database transaction:
 
@@ -41,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -50,26 +46,22 @@ import aio_pika
 import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel
-from asyncpg.pool import PoolConnectionProxy
 
-from bulk_recorder.broker import (
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
     broker_failures_suppressed,
     cancel_requested,
 )
-from bulk_recorder.db import DB_ERRORS, open_pool_when_ready, wait_or_stop
-from bulk_recorder.errors import renew_if_server_gone
-from bulk_recorder.flusher import Backoff
-from bulk_recorder.metrics import Metrics
+from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready, wait_or_stop
+from bulk_recorder.infra.errors import renew_if_server_gone
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.producer.outbox import OUTBOX_CHANNEL, Connection, outbox_stats, record_stats
 from settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried
 
-Connection = asyncpg.Connection | PoolConnectionProxy
-
-OUTBOX_CHANNEL = "bulk_recorder_outbox"
-OUTBOX_COLUMNS = ("record_type", "record_id", "job_id", "body")
 APP_ID = "bulk-recorder-relay"
 
 _CLAIM = """
@@ -101,67 +93,6 @@ UPDATE credit_annotation_jobs AS j SET dead_lettered = j.dead_lettered + u.n
 FROM unnest($1::uuid[], $2::int[]) AS u(id, n)
 WHERE j.id = u.id
 """
-_STATS = """
-SELECT count(*) AS backlog,
-       coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 AS oldest
-FROM outbox WHERE parked_at IS NULL
-"""
-
-
-# -- write helpers (producers) ----------------------------------------------------------------
-
-
-async def enqueue(
-    conn: Connection,
-    record_type: str,
-    record_id: str,
-    body: bytes,
-    *,
-    job_id: str | None = None,
-) -> int:
-    """Insert one outbox row in the caller's transaction; returns its id."""
-    row_id = await conn.fetchval(
-        "INSERT INTO outbox (record_type, record_id, job_id, body) VALUES ($1, $2, $3, $4)"
-        " RETURNING id",
-        record_type,
-        record_id,
-        job_id,
-        body,
-    )
-    return int(row_id)
-
-
-async def copy_to_outbox(
-    conn: Connection, rows: Iterable[tuple[str, str, str | None, bytes]]
-) -> None:
-    """COPY many ``(record_type, record_id, job_id, body)`` rows in the caller's transaction."""
-    await conn.copy_records_to_table("outbox", records=rows, columns=OUTBOX_COLUMNS)
-
-
-async def notify(conn: Connection) -> None:
-    """Wake the relays; inside a transaction PostgreSQL delivers it at commit (or never)."""
-    await conn.execute(f"NOTIFY {OUTBOX_CHANNEL}")
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxStats:
-    backlog: int
-    oldest_age_s: float
-
-
-async def outbox_stats(conn: Connection) -> OutboxStats:
-    """Rows waiting to be published (parked ones excluded) and the age of the oldest."""
-    row = await conn.fetchrow(_STATS)
-    assert row is not None
-    return OutboxStats(int(row["backlog"]), max(0.0, float(row["oldest"])))
-
-
-def record_stats(metrics: Metrics, stats: OutboxStats) -> None:
-    metrics.outbox_backlog.set(stats.backlog)
-    metrics.outbox_oldest_age.set(stats.oldest_age_s)
-
-
-# -- the relay ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,9 +25,9 @@ from typing import Final
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from bulk_recorder.ingest import OutboxRow
+from bulk_recorder.producer.ingest import OutboxRow
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.job_staging")  # the name logs have always carried
 
 __all__ = ["STAGING_TABLE", "JobStaging"]
 

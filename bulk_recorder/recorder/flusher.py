@@ -21,18 +21,18 @@ import asyncio
 import contextlib
 import enum
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from bulk_recorder.errors import DataRejected, TransientDbError
-from bulk_recorder.metrics import Metrics
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.errors import DataRejected, TransientDbError
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.recorder.writer import Writer, WriteResult
 from bulk_recorder.records import Record
-from bulk_recorder.writer import Writer, WriteResult
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bulk_recorder.flusher")  # the name logs have always carried
 
 
 class DeadLetterResult(enum.Enum):
@@ -113,17 +113,6 @@ class Released(Exception):
 class _Outcome:
     committed: list[Pending] = field(default_factory=list)
     poison: list[tuple[Pending, str]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Capped exponential backoff with full jitter."""
-
-    base_s: float = 0.05
-    cap_s: float = 5.0
-
-    def delay(self, attempt: int) -> float:
-        return random.uniform(0, min(self.cap_s, self.base_s * (2 ** min(attempt, 30))))
 
 
 class Flusher:

@@ -31,7 +31,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
-from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes, endpoint, split_urls
+from bulk_recorder.infra.broker import BROKER_ERRORS, BrokerNodes, endpoint, split_urls
 from consumer.delivery import (
     ERROR_HEADER,
     ORIGINAL_EXCHANGE_HEADER,
@@ -41,7 +41,7 @@ from consumer.delivery import (
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("consumer.dlq")  # the name logs have always carried
 
 REPLAY_HEADER = "x-bulk-recorder-replays"
 # Headers that describe the message's death, not the message: dropped on replay.

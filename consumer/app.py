@@ -27,6 +27,7 @@ import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
+from bulk_recorder.infra.aiormq_internals import unblock_writers
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
@@ -247,7 +248,7 @@ class Recorder:
                     with broker_failures_suppressed():
                         await connection.close()
                 if channel is not None and not stop.is_set():
-                    await _unblock_writers(channel)
+                    await unblock_writers(channel)
             if stop.is_set():
                 break
             await wait_or_stop(stop, backoff.delay(attempt))
@@ -521,19 +522,3 @@ class Recorder:
         if self.health is not None:
             await self.health.stop()
         log.info("recorder stopped in %.1f s", time.monotonic() - started)
-
-
-async def _unblock_writers(channel: AbstractChannel) -> None:
-    """Wake every call still waiting for room in a closed connection's write queue.
-
-    aiormq's write queue is bounded (10 frames) and not tied to the channel's close: when the
-    connection dies while the queue is full, a basic_ack or basic_publish waiting for room is
-    never woken and holds its flush worker forever (one worker lost per broker cut, found by
-    tests/faults/test_broker_cut.py). Emptying the queue lets each waiting call put its frame,
-    which goes nowhere, and return; the broker redelivers the dead channel's unacked messages.
-    """
-    queue = channel.connection.write_queue
-    while not queue.empty():
-        while not queue.empty():
-            queue.get_nowait()
-        await asyncio.sleep(0)  # the woken callers put their frames now

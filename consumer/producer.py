@@ -28,7 +28,7 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
     from bulk_recorder.producer.api import create_app
-    from consumer.cli import run_async
+    from consumer.runner import run_async
 
     config = uvicorn.Config(
         create_app(settings),
@@ -83,8 +83,8 @@ def _ignore(signum: int, frame: object) -> None:
 
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
     from bulk_recorder.producer.relay import Relay, RelayConfig
-    from consumer.cli import run_async, with_stop_signals
     from consumer.health import HealthServer
+    from consumer.runner import run_async, with_stop_signals
     from consumer.topology import Topology, declare_topology
 
     try:

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ import asyncpg
 
 from bulk_recorder.infra.broker import BrokerNodes
 from bulk_recorder.infra.migrate import migrate
+from consumer.tools.demo_support import ProgressLine, free_port, http_get
 from consumer.tools.loadgen import Generator, LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, declare_topology
 from settings import Settings
@@ -38,26 +38,6 @@ class Progress:
     published: int = 0
     recorded: int = 0
     dead_lettered: int = 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _http_get(port: int, path: str) -> tuple[int, str]:
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
-        return 0, ""
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
-    head, _, body = raw.decode(errors="replace").partition("\r\n\r\n")
-    parts = head.split(" ", 2)
-    return (int(parts[1]) if len(parts) > 1 else 0), body
 
 
 def _metric(text: str, name: str) -> float:
@@ -86,26 +66,6 @@ async def _dlq_ready(url: str, topology: Topology) -> int:
         await connection.close()
 
 
-class _Line:
-    """One progress line redrawn in place on a terminal, every few seconds otherwise."""
-
-    def __init__(self) -> None:
-        self._tty = sys.stderr.isatty()
-        self._last = 0.0
-
-    def draw(self, text: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < (0.2 if self._tty else 3.0):
-            return
-        self._last = now
-        sys.stderr.write(("\r" + text.ljust(100)) if self._tty else text + "\n")
-        sys.stderr.flush()
-
-    def done(self) -> None:
-        if self._tty:
-            sys.stderr.write("\n")
-
-
 async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int:
     if via == "api":
         from consumer.tools.demo_api import run_demo_via_api
@@ -122,7 +82,7 @@ async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int
         await connection.close()
     dlq_before = await _dlq_ready(settings.rabbitmq_url, topology)
 
-    port = settings.metrics_port or _free_port()
+    port = settings.metrics_port or free_port()
     env = {**os.environ, "METRICS_PORT": str(port)}
     log_path = Path(tempfile.gettempdir()) / f"bulk-recorder-demo-{os.getpid()}.log"
     with log_path.open("wb") as log_file:
@@ -151,7 +111,7 @@ async def _drive(
     dlq_before: int,
 ) -> int:
     deadline = time.monotonic() + 60
-    while (await _http_get(port, "/readyz"))[0] != 200:
+    while (await http_get(port, "/readyz"))[0] != 200:
         if recorder.returncode is not None or time.monotonic() > deadline:
             print("the recorder did not become ready", file=sys.stderr)
             return 1
@@ -176,7 +136,7 @@ async def _drive(
         )
     )
     conn = await asyncpg.connect(settings.database_url)
-    line = _Line()
+    line = ProgressLine()
     report: LoadReport | None = None
     try:
         stall_since = time.monotonic()
@@ -227,7 +187,7 @@ async def _drive(
             force=True,
         )
         line.done()
-        _, metrics = await _http_get(port, "/metrics")
+        _, metrics = await http_get(port, "/metrics")
         recorder.send_signal(signal.SIGTERM)
         exit_code = await asyncio.wait_for(recorder.wait(), 60)
         return await _summary(conn, gen, report, metrics, elapsed, exit_code, progress)

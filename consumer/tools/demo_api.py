@@ -27,7 +27,7 @@ from typing import Any
 import asyncpg
 
 from bulk_recorder.infra.migrate import migrate
-from consumer.tools.demo import _free_port, _http_get, _Line
+from consumer.tools.demo_support import ProgressLine, free_port, http_get
 from consumer.tools.loadgen import Generator
 from settings import Settings
 
@@ -126,7 +126,7 @@ async def _start(
 
 async def _wait_ready(port: int, proc: asyncio.subprocess.Process, what: str) -> None:
     deadline = time.monotonic() + 60
-    while (await _http_get(port, "/readyz"))[0] != 200:
+    while (await http_get(port, "/readyz"))[0] != 200:
         if proc.returncode is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the {what} did not become ready")
         await asyncio.sleep(0.2)
@@ -138,7 +138,7 @@ async def run_demo_via_api(settings: Settings, *, count: int) -> int:
     print(f"schema ready ({', '.join(applied) or 'up to date'})")
     log_dir = Path(tempfile.mkdtemp(prefix="bulk-recorder-demo-"))
     print(f"process logs: {log_dir}")
-    recorder_port, relay_port, api_port = _free_port(), _free_port(), _free_port()
+    recorder_port, relay_port, api_port = free_port(), free_port(), free_port()
     base = {**os.environ, "METRICS_HOST": "127.0.0.1", "API_HOST": "127.0.0.1"}
     async with AsyncExitStack() as stack:
         procs = {
@@ -207,7 +207,7 @@ async def _run_job(
         f"{'the same job' if same_job else 'A DIFFERENT JOB'} "
         f"(Idempotent-Replayed: {headers2.get('idempotent-replayed', 'absent')})"
     )
-    line = _Line()
+    line = ProgressLine()
     progress: dict[str, Any] = {}
     stall_since, last = time.monotonic(), -1
     while True:

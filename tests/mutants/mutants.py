@@ -69,7 +69,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="ack-multiple",
-        path="consumer/delivery.py",
+        path="bulk_recorder/infra/aiormq_internals.py",
         old="spec.Basic.Ack(delivery_tag=t)",
         new="spec.Basic.Ack(delivery_tag=t, multiple=True)",
         promise=ACK_AFTER_COMMIT,

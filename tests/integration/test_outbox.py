@@ -18,7 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import pytest
 
-import bulk_recorder.producer.api.routes as api_module
+import bulk_recorder.producer.api.jobs as jobs_module
+import bulk_recorder.producer.api.transactions as transactions_module
 from bulk_recorder.producer.job_staging import STAGING_TABLE, JobStaging
 from bulk_recorder.producer.relay import Relay, RelayConfig
 from bulk_recorder.records import decode
@@ -62,7 +63,7 @@ async def test_failure_between_transaction_request_and_outbox_row_leaves_neither
         raise RuntimeError("injected failure after the request row")
 
     async with api_client(settings, raise_app_exceptions=False) as (client, _):
-        monkeypatch.setattr(api_module, "enqueue", broken_enqueue)
+        monkeypatch.setattr(transactions_module, "enqueue", broken_enqueue)
         failed = await client.post("/v1/transactions", json=tx, headers={"Idempotency-Key": "a"})
         assert failed.status_code == 500
         conn = await db()
@@ -93,7 +94,7 @@ async def test_failure_in_the_middle_of_a_job_copy_leaves_no_job_and_no_outbox_r
             raise RuntimeError("injected failure after the first COPY")
         await real_add(staging, rows)
 
-    monkeypatch.setattr(api_module, "COPY_BATCH_ROWS", 20)
+    monkeypatch.setattr(jobs_module, "COPY_BATCH_ROWS", 20)
     monkeypatch.setattr(JobStaging, "add", add_then_fail)
     async with api_client(settings, raise_app_exceptions=False) as (client, _):
 

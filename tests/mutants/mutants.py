@@ -214,7 +214,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="job-idempotency-key-not-checked",
-        path="bulk_recorder/producer/api/routes.py",
+        path="bulk_recorder/producer/api/jobs.py",
         old="_INSERT_JOB,\n                        job_id,\n                        key,\n",
         new="_INSERT_JOB,\n                        job_id,\n                        None,\n",
         promise=PRODUCER,
@@ -223,7 +223,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="transaction-idempotency-key-not-checked",
-        path="bulk_recorder/producer/api/routes.py",
+        path="bulk_recorder/producer/api/transactions.py",
         old="_INSERT_REQUEST, record.id, key, request_hash",
         new="_INSERT_REQUEST, record.id, None, request_hash",
         promise=PRODUCER,

@@ -5,7 +5,7 @@
 ``bulk_recorder.infra`` at most and the standard library: everything else builds on it.
 """
 
-from bulk_recorder.records.validation import (
+from bulk_recorder.records.contract import (
     DEFAULT_MAX_BODY_BYTES,
     MAX_DEPTH,
     MAX_OPERATIONS,
@@ -15,8 +15,8 @@ from bulk_recorder.records.validation import (
     Record,
     RecordError,
     Transaction,
-    decode,
 )
+from bulk_recorder.records.validation import decode
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",

@@ -203,11 +203,11 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="outbox-row-deleted-before-the-confirm",
-        path="bulk_recorder/producer/relay.py",
+        path="bulk_recorder/producer/relay_publish.py",
         old="rows = await conn.fetch(_CLAIM, self.config.batch_size)\n",
         new=(
             "rows = await conn.fetch(_CLAIM, self.config.batch_size)\n"
-            '            await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
+            '        await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
         ),
         promise=PRODUCER,
         tests=(T_OUTBOX + "test_publishes_without_a_confirm_leave_their_rows_in_the_outbox",),

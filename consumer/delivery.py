@@ -54,6 +54,15 @@ RETRIES_HEADER = "x-bulk-recorder-retries"
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 
 
+def dead_letter_class(reason: str) -> str:
+    """A low-cardinality label for ``messages_dead_lettered_total{reason}``."""
+    if reason.startswith(("body", "invalid JSON", "nesting")):
+        return "decode"
+    if reason.startswith(("missing type", "unknown type")):
+        return "type"
+    return "validation"
+
+
 class DeadLetterer:
     """Publishes copies of deliveries: to the DLQ with a reason, or back to their queue."""
 

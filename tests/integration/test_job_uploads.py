@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 import bulk_recorder.producer.api.jobs as jobs_module
-from bulk_recorder.producer.ingest import CSV_COLUMNS
 from bulk_recorder.producer.job_staging import STAGING_TABLE
+from bulk_recorder.producer.parsers import CSV_COLUMNS
 from consumer.tools.loadgen import Generator
 from tests.conftest import free_port, settings_env, wait_for
 from tests.integration.producer_support import api_client, ndjson

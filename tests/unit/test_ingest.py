@@ -10,15 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bulk_recorder.producer.ingest import (
+from bulk_recorder.producer.ingest import JobIntake, TooManyLines
+from bulk_recorder.producer.parsers import (
     CSV_COLUMNS,
     CsvParser,
     FormatError,
-    JobIntake,
     JsonArrayParser,
     LineParser,
     NdjsonParser,
-    TooManyLines,
     parser_for,
 )
 from bulk_recorder.records import decode

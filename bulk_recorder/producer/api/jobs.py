@@ -33,14 +33,10 @@ from bulk_recorder.producer.api.errors import (
     json_response,
 )
 from bulk_recorder.producer.api.models import JobAccepted, JobStatus, LineRejection
-from bulk_recorder.producer.ingest import (
-    FormatError,
-    JobIntake,
-    TooManyLines,
-    parser_for,
-)
+from bulk_recorder.producer.ingest import JobIntake, TooManyLines
 from bulk_recorder.producer.job_staging import JobStaging
 from bulk_recorder.producer.outbox import notify
+from bulk_recorder.producer.parsers import FormatError, parser_for
 
 log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
 

@@ -28,10 +28,8 @@ from bulk_recorder.producer.api.models import (
     TransactionAccepted,
 )
 from bulk_recorder.producer.api.transactions import accept_transaction
-from bulk_recorder.producer.ingest import (
-    CONTENT_TYPES,
-)
 from bulk_recorder.producer.outbox import outbox_stats, record_stats
+from bulk_recorder.producer.parsers import CONTENT_TYPES
 from bulk_recorder.records import RecordError, Transaction, decode
 
 log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried

@@ -39,6 +39,16 @@ async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), seconds)
 
 
+async def wait_any(*events: asyncio.Event, seconds: float | None = None) -> None:
+    """Until one of ``events`` is set, or ``seconds`` passed."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
 async def keep_session(conn: asyncpg.Connection) -> None:
     """The pool's reset on release: nothing beyond what asyncpg always does first.
 

@@ -21,6 +21,17 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         p = "bulk_recorder_"
+        self._delivery_metrics(r, p)
+        self._write_metrics(r, p)
+        self._producer_metrics(r, p)
+        for table in TABLES:
+            for counter in (self.rows_attempted, self.rows_inserted, self.rows_ignored):
+                counter.labels(table=table)
+        for reason in FLUSH_REASONS:
+            self.flushes.labels(reason=reason)
+
+    def _delivery_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """The recorder's deliveries: received, acked, rejected, released, dropped, DLQ."""
         self.messages_received = Counter(
             p + "messages_received", "Deliveries received from the broker.", registry=r
         )
@@ -50,6 +61,9 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+
+    def _write_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """The recorder's writes: rows, flushes, fallbacks, retries, buffer, pause, reconnects."""
         self.rows_attempted = Counter(
             p + "rows_attempted", "Rows offered to INSERT.", ["table"], registry=r
         )
@@ -85,7 +99,9 @@ class Metrics:
         self.broker_reconnects = Counter(
             p + "broker_reconnects", "Connections to the broker re-established.", registry=r
         )
-        # Producer side: the outbox relay and the ingest API.
+
+    def _producer_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """Producer side: the outbox relay and the ingest API."""
         self.outbox_backlog = Gauge(
             p + "outbox_backlog",
             "Outbox rows waiting to be published (parked excluded).",
@@ -129,8 +145,3 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
-        for table in TABLES:
-            for counter in (self.rows_attempted, self.rows_inserted, self.rows_ignored):
-                counter.labels(table=table)
-        for reason in FLUSH_REASONS:
-            self.flushes.labels(reason=reason)

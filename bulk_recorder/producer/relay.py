@@ -51,7 +51,7 @@ from bulk_recorder.infra.broker import (
     BrokerNodes,
     cancel_requested,
 )
-from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready, wait_or_stop
+from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready, wait_any, wait_or_stop
 from bulk_recorder.infra.errors import renew_if_server_gone
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.outbox import OUTBOX_CHANNEL, outbox_stats, record_stats
@@ -325,7 +325,7 @@ class Relay:
         db_failures = 0
         while not stop.is_set():
             if not self._broker_up.is_set():
-                await _wait_any(stop, self._broker_up)
+                await wait_any(stop, self._broker_up)
                 continue
             wake.clear()
             try:
@@ -360,7 +360,7 @@ class Relay:
                 continue  # probably more rows: go on without waiting
             if result.published:
                 continue  # a partial batch: check once more, then sleep
-            await _wait_any(stop, wake, seconds=self.config.poll_interval_s)
+            await wait_any(stop, wake, seconds=self.config.poll_interval_s)
 
     async def relay_batch(self) -> BatchResult:
         """Claim, publish and settle one batch in one database transaction."""
@@ -393,13 +393,3 @@ def _setter(event: asyncio.Event) -> Callable[[object], None]:
         event.set()
 
     return set_event
-
-
-async def _wait_any(*events: asyncio.Event, seconds: float | None = None) -> None:
-    """Until one of ``events`` is set, or ``seconds`` passed."""
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()

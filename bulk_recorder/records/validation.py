@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from bulk_recorder.records.contract import (
     ANNOTATION_KINDS,
@@ -62,6 +62,17 @@ logger = logging.getLogger("bulk_recorder.records")  # the name logs have always
 # Record builders
 
 
+def _operations_array(obj: JsonObject) -> list[Any]:
+    raw_ops = obj.get("operations", _MISSING)
+    if type(raw_ops) is not list:
+        _type_error("", "operations", raw_ops, "an array")
+    if len(raw_ops) < 2:
+        _fail("", "operations", "at least 2 required")
+    if len(raw_ops) > MAX_OPERATIONS:
+        _fail("", "operations", f"at most {MAX_OPERATIONS} allowed")
+    return raw_ops
+
+
 def _transaction(obj: JsonObject, maybe_nul: bool, maybe_surrogate: bool) -> Transaction:
     tx_id = _uuid(obj, "id")
     organization_id = _uuid(obj, "organization_id")
@@ -73,14 +84,7 @@ def _transaction(obj: JsonObject, maybe_nul: bool, maybe_surrogate: bool) -> Tra
     created_at = _created_at(obj)
     metadata = _metadata(obj, maybe_nul, maybe_surrogate)
 
-    raw_ops = obj.get("operations", _MISSING)
-    if type(raw_ops) is not list:
-        _type_error("", "operations", raw_ops, "an array")
-    if len(raw_ops) < 2:
-        _fail("", "operations", "at least 2 required")
-    if len(raw_ops) > MAX_OPERATIONS:
-        _fail("", "operations", f"at most {MAX_OPERATIONS} allowed")
-
+    raw_ops = _operations_array(obj)
     operations: list[Operation] = []
     seen_ids = {tx_id}
     debits = credits = _ZERO

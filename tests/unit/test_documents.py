@@ -1,4 +1,4 @@
-"""CPF/CNPJ normalisation and check digits (bulk_recorder.documents)."""
+"""CPF/CNPJ normalisation and check digits (bulk_recorder.records.documents)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
@@ -193,15 +193,7 @@ class AmqpDelivery:
     async def reject(self) -> bool:
         if self._channel.is_closed:
             return False
-        try:
-            await self._channel.basic_reject(self.tag, requeue=True)
-        except CHANNEL_GONE:
-            return False
-        except asyncio.CancelledError:  # the frame's drain future of a connection given up
-            if cancel_requested():
-                raise
-            return False
-        return True
+        return await _sent(self._channel.basic_reject(self.tag, requeue=True))
 
     async def release(self) -> bool:
         """A copy back to the queue, confirmed, then an ack: no delivery spent. If the broker
@@ -216,15 +208,7 @@ class AmqpDelivery:
         if self._channel.is_closed:
             return False  # the broker returns it with its channel anyway
         log.warning("republishing a released delivery failed (%s): nacking it instead", failure)
-        try:
-            await self._channel.basic_nack(self.tag, requeue=True)
-        except CHANNEL_GONE:
-            return False
-        except asyncio.CancelledError:  # the frame's drain future of a connection given up
-            if cancel_requested():
-                raise
-            return False
-        return True
+        return await _sent(self._channel.basic_nack(self.tag, requeue=True))
 
     async def dead_letter(self, reason: str) -> DeadLetterResult:
         dead_letterer = self._dead_letterer
@@ -255,6 +239,19 @@ class AmqpDelivery:
         if await self.release():
             return DeadLetterResult.RELEASED
         return DeadLetterResult.DROPPED
+
+
+async def _sent(frame: Awaitable[object]) -> bool:
+    """Await one reject or nack frame: False if its channel or connection went away."""
+    try:
+        await frame
+    except CHANNEL_GONE:
+        return False
+    except asyncio.CancelledError:  # the frame's drain future of a connection given up
+        if cancel_requested():
+            raise
+        return False
+    return True
 
 
 async def ack_each(deliveries: Sequence[Delivery]) -> int:

@@ -102,6 +102,79 @@ async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int
     return code
 
 
+async def _wait_ready(recorder: asyncio.subprocess.Process, port: int) -> bool:
+    """Until the recorder answers /readyz (60 s at most, and only while it runs)."""
+    deadline = time.monotonic() + 60
+    while (await http_get(port, "/readyz"))[0] != 200:
+        if recorder.returncode is not None or time.monotonic() > deadline:
+            print("the recorder did not become ready", file=sys.stderr)
+            return False
+        await asyncio.sleep(0.2)
+    print(f"recorder ready (pid {recorder.pid}, metrics on http://127.0.0.1:{port}/metrics)")
+    return True
+
+
+async def _recorded_count(conn: asyncpg.Connection, gen: Generator) -> int:
+    """The run's rows so far: its transactions and its job's credit annotations."""
+    return int(
+        await conn.fetchval(
+            "SELECT (SELECT count(*) FROM transactions"
+            "        WHERE organization_id = $1 AND ledger_id = $2)"
+            " + (SELECT count(*) FROM credit_annotations WHERE job_id = $3)",
+            gen.organization_id,
+            gen.ledger_id,
+            gen.job_id,
+        )
+    )
+
+
+async def _stop_recorder(recorder: asyncio.subprocess.Process, port: int) -> tuple[str, int]:
+    """The recorder's last metrics, then SIGTERM: (metrics text, exit code)."""
+    _, metrics = await http_get(port, "/metrics")
+    recorder.send_signal(signal.SIGTERM)
+    return metrics, await asyncio.wait_for(recorder.wait(), 60)
+
+
+async def _recorded_rows(
+    conn: asyncpg.Connection, gen: Generator
+) -> tuple[set[str], set[str], int]:
+    """The run's transaction ids, credit-annotation ids and operation count."""
+    tx_ids = {
+        str(r[0])
+        for r in await conn.fetch(
+            "SELECT id FROM transactions WHERE organization_id = $1 AND ledger_id = $2",
+            gen.organization_id,
+            gen.ledger_id,
+        )
+    }
+    ann_ids = {
+        str(r[0])
+        for r in await conn.fetch("SELECT id FROM credit_annotations WHERE job_id = $1", gen.job_id)
+    }
+    operations = int(
+        await conn.fetchval(
+            "SELECT count(*) FROM operations o JOIN transactions t ON t.id = o.transaction_id"
+            " WHERE t.organization_id = $1 AND t.ledger_id = $2",
+            gen.organization_id,
+            gen.ledger_id,
+        )
+    )
+    return tx_ids, ann_ids, operations
+
+
+def _gave_up(recorder: asyncio.subprocess.Process, line: ProgressLine, stalled_s: float) -> bool:
+    """No progress for 120 s, or the recorder exited: say so and stop watching."""
+    if stalled_s > 120:
+        line.done()
+        print("no progress for 120 s: giving up", file=sys.stderr)
+        return True
+    if recorder.returncode is not None:
+        line.done()
+        print(f"the recorder exited early ({recorder.returncode})", file=sys.stderr)
+        return True
+    return False
+
+
 async def _drive(
     settings: Settings,
     topology: Topology,
@@ -110,13 +183,8 @@ async def _drive(
     count: int,
     dlq_before: int,
 ) -> int:
-    deadline = time.monotonic() + 60
-    while (await http_get(port, "/readyz"))[0] != 200:
-        if recorder.returncode is not None or time.monotonic() > deadline:
-            print("the recorder did not become ready", file=sys.stderr)
-            return 1
-        await asyncio.sleep(0.2)
-    print(f"recorder ready (pid {recorder.pid}, metrics on http://127.0.0.1:{port}/metrics)")
+    if not await _wait_ready(recorder, port):
+        return 1
 
     gen = Generator.create()
     spec = LoadSpec("mixed", count, duplicates=DUPLICATES, invalid=INVALID)
@@ -142,16 +210,7 @@ async def _drive(
         stall_since = time.monotonic()
         last_seen = -1
         while True:
-            recorded = int(
-                await conn.fetchval(
-                    "SELECT (SELECT count(*) FROM transactions"
-                    "        WHERE organization_id = $1 AND ledger_id = $2)"
-                    " + (SELECT count(*) FROM credit_annotations WHERE job_id = $3)",
-                    gen.organization_id,
-                    gen.ledger_id,
-                    gen.job_id,
-                )
-            )
+            recorded = await _recorded_count(conn, gen)
             progress.recorded = recorded
             progress.dead_lettered = await _dlq_ready(settings.rabbitmq_url, topology) - dlq_before
             elapsed = time.perf_counter() - started
@@ -170,13 +229,7 @@ async def _drive(
                 break
             if recorded != last_seen:
                 last_seen, stall_since = recorded, time.monotonic()
-            elif time.monotonic() - stall_since > 120:
-                line.done()
-                print("no progress for 120 s: giving up", file=sys.stderr)
-                return 1
-            if recorder.returncode is not None:
-                line.done()
-                print(f"the recorder exited early ({recorder.returncode})", file=sys.stderr)
+            if _gave_up(recorder, line, time.monotonic() - stall_since):
                 return 1
             await asyncio.sleep(0.5)
         elapsed = time.perf_counter() - started
@@ -187,9 +240,7 @@ async def _drive(
             force=True,
         )
         line.done()
-        _, metrics = await http_get(port, "/metrics")
-        recorder.send_signal(signal.SIGTERM)
-        exit_code = await asyncio.wait_for(recorder.wait(), 60)
+        metrics, exit_code = await _stop_recorder(recorder, port)
         return await _summary(conn, gen, report, metrics, elapsed, exit_code, progress)
     finally:
         if not publisher.done():
@@ -206,26 +257,7 @@ async def _summary(
     exit_code: int,
     progress: Progress,
 ) -> int:
-    tx_ids = {
-        str(r[0])
-        for r in await conn.fetch(
-            "SELECT id FROM transactions WHERE organization_id = $1 AND ledger_id = $2",
-            gen.organization_id,
-            gen.ledger_id,
-        )
-    }
-    ann_ids = {
-        str(r[0])
-        for r in await conn.fetch("SELECT id FROM credit_annotations WHERE job_id = $1", gen.job_id)
-    }
-    operations = int(
-        await conn.fetchval(
-            "SELECT count(*) FROM operations o JOIN transactions t ON t.id = o.transaction_id"
-            " WHERE t.organization_id = $1 AND t.ledger_id = $2",
-            gen.organization_id,
-            gen.ledger_id,
-        )
-    )
+    tx_ids, ann_ids, operations = await _recorded_rows(conn, gen)
     flushes = {
         r: _metric_labelled(metrics, "bulk_recorder_flushes_total", f'reason="{r}"')
         for r in ("size", "timeout", "shutdown")

@@ -171,6 +171,67 @@ async def run_demo_via_api(settings: Settings, *, count: int) -> int:
         return await _run_job(settings, procs, api_port, count)
 
 
+async def _retry_same_key(
+    api_port: int, headers: dict[str, str], chunks: Sequence[bytes], job: dict[str, Any]
+) -> bool:
+    """Upload the job again with the same Idempotency-Key: True if the answer is the same job."""
+    status2, headers2, payload2 = await http_request(
+        api_port, "POST", "/v1/credit-annotation-jobs", headers=headers, body=chunks
+    )
+    replay = json.loads(payload2) if status2 == 202 else {}
+    same_job = bool(replay.get("id") == job["id"])
+    print(
+        f"retry with the same Idempotency-Key: {status2}, "
+        f"{'the same job' if same_job else 'A DIFFERENT JOB'} "
+        f"(Idempotent-Replayed: {headers2.get('idempotent-replayed', 'absent')})"
+    )
+    return same_job
+
+
+async def _watch_job(api_port: int, job: dict[str, Any], started: float) -> dict[str, Any] | None:
+    """Poll the job's status with a progress line until it completes; None if it stalls."""
+    line = ProgressLine()
+    progress: dict[str, Any] = {}
+    stall_since, last = time.monotonic(), -1
+    while True:
+        code, _, body = await http_request(
+            api_port, "GET", f"/v1/credit-annotation-jobs/{job['id']}"
+        )
+        if code == 200:
+            progress = json.loads(body)
+        elapsed = time.perf_counter() - started
+        line.draw(
+            f"job {progress.get('status', '?'):>10}  published {progress.get('published', 0):>9,}"
+            f"  recorded {progress.get('recorded', 0):>9,}/{job['accepted']:,}  {elapsed:6.1f} s"
+        )
+        if progress.get("status") == "completed":
+            break
+        recorded = int(progress.get("recorded", 0))
+        if recorded != last:
+            last, stall_since = recorded, time.monotonic()
+        elif time.monotonic() - stall_since > 120:
+            line.done()
+            print("no progress for 120 s: giving up", file=sys.stderr)
+            return None
+        await asyncio.sleep(0.5)
+    elapsed = time.perf_counter() - started
+    line.draw(f"job completed: {progress['recorded']:,} recorded in {elapsed:.1f} s", force=True)
+    line.done()
+    return progress
+
+
+async def _job_rows(settings: Settings, job_id: str) -> set[str]:
+    """The ids of the job's recorded credit_annotations rows."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        return {
+            str(r[0])
+            for r in await conn.fetch("SELECT id FROM credit_annotations WHERE job_id = $1", job_id)
+        }
+    finally:
+        await conn.close()
+
+
 async def _run_job(
     settings: Settings,
     procs: dict[str, asyncio.subprocess.Process],
@@ -197,57 +258,16 @@ async def _run_job(
     )
     for rejection in job["rejections"][:3]:
         print(f"  rejected: {rejection}")
-    status2, headers2, payload2 = await http_request(
-        api_port, "POST", "/v1/credit-annotation-jobs", headers=headers, body=chunks
-    )
-    replay = json.loads(payload2) if status2 == 202 else {}
-    same_job = replay.get("id") == job["id"]
-    print(
-        f"retry with the same Idempotency-Key: {status2}, "
-        f"{'the same job' if same_job else 'A DIFFERENT JOB'} "
-        f"(Idempotent-Replayed: {headers2.get('idempotent-replayed', 'absent')})"
-    )
-    line = ProgressLine()
-    progress: dict[str, Any] = {}
-    stall_since, last = time.monotonic(), -1
-    while True:
-        code, _, body = await http_request(
-            api_port, "GET", f"/v1/credit-annotation-jobs/{job['id']}"
-        )
-        if code == 200:
-            progress = json.loads(body)
-        elapsed = time.perf_counter() - started
-        line.draw(
-            f"job {progress.get('status', '?'):>10}  published {progress.get('published', 0):>9,}"
-            f"  recorded {progress.get('recorded', 0):>9,}/{job['accepted']:,}  {elapsed:6.1f} s"
-        )
-        if progress.get("status") == "completed":
-            break
-        recorded = int(progress.get("recorded", 0))
-        if recorded != last:
-            last, stall_since = recorded, time.monotonic()
-        elif time.monotonic() - stall_since > 120:
-            line.done()
-            print("no progress for 120 s: giving up", file=sys.stderr)
-            return 1
-        await asyncio.sleep(0.5)
+    same_job = await _retry_same_key(api_port, headers, chunks, job)
+    progress = await _watch_job(api_port, job, started)
+    if progress is None:
+        return 1
     elapsed = time.perf_counter() - started
-    line.draw(f"job completed: {progress['recorded']:,} recorded in {elapsed:.1f} s", force=True)
-    line.done()
     exit_codes = {}
     for name in ("api", "relay", "recorder"):
         procs[name].send_signal(signal.SIGTERM)
         exit_codes[name] = await asyncio.wait_for(procs[name].wait(), 60)
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        recorded_ids = {
-            str(r[0])
-            for r in await conn.fetch(
-                "SELECT id FROM credit_annotations WHERE job_id = $1", job["id"]
-            )
-        }
-    finally:
-        await conn.close()
+    recorded_ids = await _job_rows(settings, job["id"])
     checks = {
         "every valid line recorded once, none extra": recorded_ids == ids,
         "every invalid line rejected with its line number": job["rejected"] == invalid,

@@ -185,6 +185,37 @@ async def inspect_dlq(settings: Settings, samples: int = 3, out: TextIO | None =
     return 0
 
 
+async def _replay_exchange(
+    settings: Settings, connection: aio_pika.abc.AbstractConnection
+) -> aio_pika.abc.AbstractExchange:
+    """The main exchange on a confirm channel whose returns raise, the topology declared."""
+    target = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    await declare_topology(target, Topology.from_settings(settings))
+    return await target.get_exchange(settings.rabbitmq_exchange)
+
+
+def _replay_report(
+    settings: Settings, moved: Counter[str], failures: list[str], total: int, out: TextIO
+) -> int:
+    """Print what was replayed, by reason group; the exit code (1 if a publish was refused)."""
+    count = sum(moved.values())
+    print(
+        f"replayed {count} of {total} messages from {settings.dead_letter_queue} "
+        f"to exchange {settings.rabbitmq_exchange}",
+        file=out,
+    )
+    for group, n in moved.most_common():
+        print(f"{n:>8}  {group}", file=out)
+    if failures:
+        print(
+            f"bulk-recorder dlq: {len(failures)} publishes refused, those messages stay in the "
+            f"dead-letter queue; first: {failures[0]}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 async def replay_dlq(
     settings: Settings, limit: int | None = None, out: TextIO | None = None
 ) -> int:
@@ -203,9 +234,7 @@ async def replay_dlq(
         queue = await _open_dlq(settings, connection)
         if queue is None:
             return 1
-        target = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        await declare_topology(target, Topology.from_settings(settings))
-        exchange = await target.get_exchange(settings.rabbitmq_exchange)
+        exchange = await _replay_exchange(settings, connection)
         total = int(queue.declaration_result.message_count or 0)
         todo = total if limit is None else min(limit, total)
         window = asyncio.Semaphore(REPLAY_WINDOW)
@@ -247,19 +276,4 @@ async def replay_dlq(
             for task in tasks:  # interrupted: unacked messages return to the DLQ on close
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    count = sum(moved.values())
-    print(
-        f"replayed {count} of {total} messages from {settings.dead_letter_queue} "
-        f"to exchange {settings.rabbitmq_exchange}",
-        file=out,
-    )
-    for group, n in moved.most_common():
-        print(f"{n:>8}  {group}", file=out)
-    if failures:
-        print(
-            f"bulk-recorder dlq: {len(failures)} publishes refused, those messages stay in the "
-            f"dead-letter queue; first: {failures[0]}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return _replay_report(settings, moved, failures, total, out)

@@ -249,6 +249,19 @@ def plan(spec: LoadSpec, gen: Generator) -> Iterator[OutMessage]:
         yield msg
 
 
+def _tally(report: LoadReport, msg: OutMessage) -> None:
+    """Count one published message in the report, by kind."""
+    report.published += 1
+    if msg.kind == "valid":
+        report.valid += 1
+        if msg.record_id is not None and msg.type is not None:
+            report.ids[msg.type].add(msg.record_id)
+    elif msg.kind == "duplicate":
+        report.duplicates += 1
+    else:
+        report.invalid += 1
+
+
 async def publish_load(
     url: str,
     exchange_name: str,
@@ -298,15 +311,7 @@ async def publish_load(
             task = asyncio.create_task(send(msg))
             pending.add(task)
             task.add_done_callback(pending.discard)
-            report.published += 1
-            if msg.kind == "valid":
-                report.valid += 1
-                if msg.record_id is not None and msg.type is not None:
-                    report.ids[msg.type].add(msg.record_id)
-            elif msg.kind == "duplicate":
-                report.duplicates += 1
-            else:
-                report.invalid += 1
+            _tally(report, msg)
         if pending:
             await asyncio.gather(*pending)
         report.elapsed_s = time.perf_counter() - started

@@ -14,7 +14,8 @@ from typing import Any
 
 import asyncpg
 
-from bulk_recorder.auth import (
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.api.auth import (
     DEFAULT_SCOPES,
     SCOPES,
     ApiKeyRefused,
@@ -22,7 +23,6 @@ from bulk_recorder.auth import (
     list_keys,
     revoke_keys,
 )
-from bulk_recorder.migrate import migrate
 from settings import Settings
 
 
@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_api_key(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.cli import run_async
+    from consumer.runner import run_async
 
     return run_async(_run(settings, args))
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import aiormq
 import asyncpg
 
-from bulk_recorder.broker import split_urls
-from bulk_recorder.migrate import MigrationRefused
-from bulk_recorder.roles import RolesRefused
-from bulk_recorder.tls import tls_failure_line
-from consumer.reach import endpoint, reason
+from bulk_recorder.infra.broker import split_urls
+from bulk_recorder.infra.migrate import MigrationRefused
+from bulk_recorder.infra.reach import endpoint, reason
+from bulk_recorder.infra.roles import RolesRefused
+from bulk_recorder.infra.tls import tls_failure_line
 from settings import Settings
 
 _PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)

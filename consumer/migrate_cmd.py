@@ -6,8 +6,8 @@ raised to :func:`consumer.cli.main`, which prints it as one line (``consumer.fai
 
 from __future__ import annotations
 
-from bulk_recorder.migrate import connect_creating, migrate
-from bulk_recorder.roles import grant_roles
+from bulk_recorder.infra.migrate import connect_creating, migrate
+from bulk_recorder.infra.roles import grant_roles
 
 
 async def run_migrate(dsn: str, *, role_prefix: str | None) -> int:

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import aio_pika
 
-from bulk_recorder.broker import BROKER_ERRORS, cancel_requested
-from bulk_recorder.db import wait_or_stop
-from bulk_recorder.metrics import Metrics
+from bulk_recorder.infra.broker import BROKER_ERRORS, cancel_requested
+from bulk_recorder.infra.db import wait_or_stop
+from bulk_recorder.infra.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bulk_recorder.auth import hash_key
-from bulk_recorder.loadgen import Generator
+from bulk_recorder.producer.api.auth import hash_key
+from consumer.tools.loadgen import Generator
 from settings import Settings
 from tests.conftest import free_port, wait_for
 from tests.faults.conftest import REPO, settings_env

@@ -8,8 +8,12 @@ import uuid
 import asyncpg
 import pytest
 
-from bulk_recorder.db import open_pool_when_ready
-from bulk_recorder.migrate import _with_database, create_database_if_missing, maintenance_dsn
+from bulk_recorder.infra.db import open_pool_when_ready
+from bulk_recorder.infra.migrate import (
+    _with_database,
+    create_database_if_missing,
+    maintenance_dsn,
+)
 
 pytestmark = [pytest.mark.postgres]
 

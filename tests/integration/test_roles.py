@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from bulk_recorder.migrate import migration_files
+from bulk_recorder.infra.migrate import migration_files
 from consumer.topology import Topology
 from settings import load_settings
 from tests.conftest import Services, run_cli, settings_env, unique_name, wait_for, with_database

@@ -58,7 +58,7 @@ SORTED_KEYS_TESTS = (
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="ack-before-commit",
-        path="bulk_recorder/flusher.py",
+        path="bulk_recorder/recorder/flusher.py",
         old="                await self._isolate(live, outcome)\n",
         new=(
             "                outcome.committed.extend(live)\n"
@@ -75,7 +75,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="ack-multiple",
-        path="consumer/delivery.py",
+        path="bulk_recorder/infra/aiormq_internals.py",
         old="spec.Basic.Ack(delivery_tag=t)",
         new="spec.Basic.Ack(delivery_tag=t, multiple=True)",
         promise=ACK_AFTER_COMMIT,
@@ -87,7 +87,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="no-on-conflict-transactions",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="          metadata)\nON CONFLICT (id) DO NOTHING\n",
         new="          metadata)\n",
         promise=EXACTLY_ONCE,
@@ -98,7 +98,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="no-on-conflict-annotations",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="reason)\nON CONFLICT (id) DO NOTHING\n",
         new="reason)\n",
         promise=EXACTLY_ONCE,
@@ -109,7 +109,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="balances-for-old-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="deltas = balance_deltas(fresh)",
         new="deltas = balance_deltas(txs)",
         promise=EXACTLY_ONCE,
@@ -121,7 +121,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-balance-keys",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="keys = sorted(deltas)",
         new="keys = list(deltas)",
         promise=REPLICAS,
@@ -130,7 +130,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="unique = sorted(seen.values(), key=_record_id)",
         new="unique = list(seen.values())",
         promise=REPLICAS,
@@ -139,7 +139,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-operation-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="key=lambda pair: pair[0].id",
         new="key=lambda pair: pair[1].id",
         promise=REPLICAS,
@@ -148,7 +148,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="outage-codes-as-data",
-        path="bulk_recorder/errors.py",
+        path="bulk_recorder/infra/errors.py",
         old='_DATA_CLASSES = ("22", "23", "54")',
         new='_DATA_CLASSES = ("22", "23", "54", "40", "57")',
         promise=OUTAGE,
@@ -160,7 +160,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="every-db-error-as-data",
-        path="bulk_recorder/errors.py",
+        path="bulk_recorder/infra/errors.py",
         old='return TransientDbError(f"{type(exc).__name__}: {exc}"[:300])',
         new='return DataRejected(f"{type(exc).__name__}: {exc}"[:300])',
         promise=OUTAGE,
@@ -172,7 +172,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="poison-acked",
-        path="bulk_recorder/flusher.py",
+        path="bulk_recorder/recorder/flusher.py",
         old="outcome.poison.append((items[0], exc.reason))",
         new="outcome.committed.append(items[0])",
         promise=REFUSED_ROW,
@@ -209,18 +209,18 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="outbox-row-deleted-before-the-confirm",
-        path="bulk_recorder/outbox.py",
+        path="bulk_recorder/producer/relay_publish.py",
         old="rows = await conn.fetch(_CLAIM, self.config.batch_size)\n",
         new=(
             "rows = await conn.fetch(_CLAIM, self.config.batch_size)\n"
-            '            await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
+            '        await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
         ),
         promise=PRODUCER,
         tests=(T_OUTBOX + "test_publishes_without_a_confirm_leave_their_rows_in_the_outbox",),
     ),
     Mutant(
         name="job-idempotency-key-not-checked",
-        path="bulk_recorder/api.py",
+        path="bulk_recorder/producer/api/jobs.py",
         old="_INSERT_JOB,\n                        job_id,\n                        key,\n",
         new="_INSERT_JOB,\n                        job_id,\n                        None,\n",
         promise=PRODUCER,
@@ -229,7 +229,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="job-never-stalled",
-        path="bulk_recorder/job_status.py",
+        path="bulk_recorder/producer/api/job_status.py",
         old='elif float(row["quiet_s"]) >= stall_after_s and _relay_quiet(row, stall_after_s):',
         new="elif False:",
         promise=PRODUCER,
@@ -242,7 +242,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="transaction-idempotency-key-not-checked",
-        path="bulk_recorder/api.py",
+        path="bulk_recorder/producer/api/transactions.py",
         old="_INSERT_REQUEST, record.id, key, request_hash",
         new="_INSERT_REQUEST, record.id, None, request_hash",
         promise=PRODUCER,
@@ -251,7 +251,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="revoked-key-accepted",
-        path="bulk_recorder/auth.py",
+        path="bulk_recorder/producer/api/auth.py",
         old="if found.revoked_at is not None:",
         new="if False:",
         promise=AUTH,
@@ -263,7 +263,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="scope-not-checked",
-        path="bulk_recorder/auth.py",
+        path="bulk_recorder/producer/api/auth.py",
         old='allowed = scope in principal.scopes or (scope == "jobs:read" and principal.admin)',
         new="allowed = True",
         promise=AUTH,
@@ -277,7 +277,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="job-visible-to-every-client",
-        path="bulk_recorder/auth.py",
+        path="bulk_recorder/producer/api/auth.py",
         old="return self.admin or owner == self.client",
         new="return True",
         promise=AUTH,
@@ -289,7 +289,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="job-idempotency-key-global",
-        path="bulk_recorder/api.py",
+        path="bulk_recorder/producer/api/jobs.py",
         old="WHERE idempotency_key = $1 AND client = $2",
         new="WHERE idempotency_key = $1 AND $2::text IS NOT NULL",
         promise=AUTH,
@@ -300,7 +300,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="transaction-replayed-to-another-client",
-        path="bulk_recorder/api.py",
+        path="bulk_recorder/producer/api/transactions.py",
         old='if prior["client"] != client:',
         new="if False:",
         promise=AUTH,
@@ -331,7 +331,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="migrate-takes-the-lock-and-ddl-when-up-to-date",
-        path="bulk_recorder/migrate.py",
+        path="bulk_recorder/infra/migrate.py",
         old="        if await pending_migrations(conn) == []:\n            return []\n",
         new="",
         promise=LEAST_PRIVILEGE,
@@ -340,7 +340,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="tls-refusal-not-named",
-        path="bulk_recorder/tls.py",
+        path="bulk_recorder/infra/tls.py",
         old="    error = tls_error(exc)\n",
         new="    error = None\n",
         promise=TLS,

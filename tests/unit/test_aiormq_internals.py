@@ -1,9 +1,9 @@
 """The lean ack path's hold on aiormq's internals, checked without a broker.
 
-``consumer/delivery.py`` writes a batch's Basic.Ack frames straight into aiormq's connection
-write queue (marshalled by aiormq's ``ChannelFrame`` with pamqp's codec), and decides whether a
-channel is closing from aiormq's private state; ``consumer/app.py`` empties that queue after a
-broker cut. None of that is public API, so aiormq and pamqp are pinned exactly in
+``bulk_recorder/infra/aiormq_internals.py`` (the one adapter) writes a batch's Basic.Ack frames
+straight into aiormq's connection write queue (marshalled by aiormq's ``ChannelFrame`` with
+pamqp's codec), decides whether a channel is closing from aiormq's private state, and empties
+that queue after a broker cut. None of that is public API, so aiormq and pamqp are pinned exactly in
 pyproject.toml. When an upgrade is tried, these tests say in plain words which internal changed,
 instead of a recorder that acks nothing or hangs at the first broker cut.
 
@@ -28,7 +28,7 @@ from packaging.requirements import Requirement
 from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
 
-from consumer.delivery import _channel_closing, _write_acks
+from bulk_recorder.infra.aiormq_internals import channel_closing, write_acks
 from tests.conftest import wait_for
 
 PINNED = f"aiormq {version('aiormq')}, pamqp {version('pamqp')}"
@@ -37,8 +37,8 @@ PINNED = f"aiormq {version('aiormq')}, pamqp {version('pamqp')}"
 def _broken(internal: str, use: str) -> str:
     return (
         f"{PINNED}: aiormq internal changed: {internal}. The lean ack path relies on it ({use}); "
-        "keep aiormq and pamqp pinned in pyproject.toml, or adapt consumer/delivery.py and "
-        "consumer/app.py (_unblock_writers) to the new internals."
+        "keep aiormq and pamqp pinned in pyproject.toml, or adapt "
+        "bulk_recorder/infra/aiormq_internals.py to the new internals."
     )
 
 
@@ -90,16 +90,16 @@ async def test_the_connection_has_a_bounded_write_queue_and_a_channel_map() -> N
     queue = getattr(connection, "write_queue", None)
     assert isinstance(queue, asyncio.Queue), _broken(
         "Connection.write_queue is no longer an asyncio.Queue",
-        "_write_acks puts its frames there; _unblock_writers empties it after a broker cut",
+        "write_acks puts its frames there; unblock_writers empties it after a broker cut",
     )
     assert queue.maxsize > 0, _broken(
         "Connection.write_queue is no longer bounded",
-        "_unblock_writers exists because a full bounded queue never wakes its waiters",
+        "unblock_writers exists because a full bounded queue never wakes its waiters",
     )
     channels = getattr(connection, "channels", None)
     assert isinstance(channels, dict), _broken(
         "Connection.channels is no longer a dict of channel number -> channel",
-        "_channel_closing: a number no longer mapped to its channel means the broker closed it",
+        "channel_closing: a number no longer mapped to its channel means the broker closed it",
     )
 
 
@@ -108,44 +108,44 @@ async def test_a_channel_keeps_its_private_close_event() -> None:
     event = getattr(channel, "_Channel__close_event", None)
     assert isinstance(event, asyncio.Event), _broken(
         "Channel.__close_event (name-mangled _Channel__close_event) is gone or not an Event",
-        "_channel_closing: the flag aiormq's own basic_ack checks before writing",
+        "channel_closing: the flag aiormq's own basic_ack checks before writing",
     )
-    assert not _channel_closing(channel)
+    assert not channel_closing(channel)
     event.set()
-    assert _channel_closing(channel), _broken(
+    assert channel_closing(channel), _broken(
         "setting Channel.__close_event no longer marks the channel as closing",
-        "_channel_closing",
+        "channel_closing",
     )
 
 
 def test_channel_frame_marshalls_a_batch_of_acks_as_pamqp_frames() -> None:
     marshall = getattr(ChannelFrame, "marshall", None)
     assert callable(marshall), _broken(
-        "aiormq.abc.ChannelFrame.marshall is gone", "_AckFrames marshals a batch of acks with it"
+        "aiormq.abc.ChannelFrame.marshall is gone", "AckFrames marshals a batch of acks with it"
     )
     frames = [spec.Basic.Ack(delivery_tag=tag) for tag in (1, 2, 70_000)]
     payload = marshall(3, frames).payload
     expected = b"".join(pamqp_frame.marshal(frame, 3) for frame in frames)
     assert payload == expected, _broken(
         "ChannelFrame.marshall(channel, frames).payload is no longer pamqp's frames end to end",
-        "_AckFrames.payload",
+        "AckFrames.payload",
     )
     assert _acks(payload) == [(3, 1), (3, 2), (3, 70_000)]
 
 
 def test_the_connection_writer_reads_what_ack_frames_provide() -> None:
     """aiormq 7's writer takes payload, should_close, should_drain and drain() from each item
-    of the write queue: exactly what ``_AckFrames`` implements."""
+    of the write queue: exactly what ``AckFrames`` implements."""
     writer = getattr(aiormq.Connection, "_Connection__writer", None)
     assert inspect.iscoroutinefunction(writer), _broken(
         "Connection.__writer (the task that writes the write queue to the socket) is gone",
-        "_AckFrames is shaped for it",
+        "AckFrames is shaped for it",
     )
     source = inspect.getsource(writer)
     for name in ("write_queue", ".payload", ".should_close", ".should_drain", ".drain()"):
         assert name in source, _broken(
             f"Connection.__writer no longer uses {name} of the frames it takes",
-            "_AckFrames provides payload, should_close, should_drain and drain()",
+            "AckFrames provides payload, should_close, should_drain and drain()",
         )
 
 
@@ -160,15 +160,15 @@ async def test_acks_written_through_aiormqs_own_writer_reach_the_socket_unless_c
     writer = asyncio.create_task(connection._Connection__writer(socket))  # type: ignore[attr-defined]
     try:
         # Queued while the writer is blocked; channel 2 begins closing before the write.
-        assert await _write_acks(open_channel, [5, 6, 7])
-        assert await _write_acks(closing_channel, [8])
+        assert await write_acks(open_channel, [5, 6, 7])
+        assert await write_acks(closing_channel, [8])
         closing_channel._Channel__close_event.set()  # type: ignore[attr-defined]
-        assert await _write_acks(open_channel, [9])
+        assert await write_acks(open_channel, [9])
         unblocked.set()
         with contextlib.suppress(AssertionError):  # the assertion below says what is wrong
             await wait_for(lambda: len(_acks(bytes(socket.data))) >= 4, timeout=5, interval=0.01)
         assert _acks(bytes(socket.data)) == [(1, 5), (1, 6), (1, 7), (1, 9)], _broken(
-            "aiormq's writer no longer writes _AckFrames.payload as it is when it takes the item",
+            "aiormq's writer no longer writes AckFrames.payload as it is when it takes the item",
             "acks reach the broker, and a closing channel's acks are dropped at write time",
         )
     finally:

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from bulk_recorder.auth import (
+from bulk_recorder.infra.metrics import AUTH_FAILURE_REASONS, Metrics
+from bulk_recorder.producer.api.auth import (
     ANONYMOUS_PRINCIPAL,
     DEFAULT_SCOPES,
     SCOPES,
@@ -20,7 +21,6 @@ from bulk_recorder.auth import (
     generate_key,
     hash_key,
 )
-from bulk_recorder.metrics import AUTH_FAILURE_REASONS, Metrics
 from settings import load_settings
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bulk_recorder.job_status import job_status
+from bulk_recorder.producer.api.job_status import job_status
 
 CREATED = datetime(2026, 12, 1, 4, 0, tzinfo=UTC)
 PUBLISHED = datetime(2026, 12, 1, 4, 1, tzinfo=UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from bulk_recorder.metrics import Metrics
+from bulk_recorder.infra.metrics import Metrics
 from consumer.queue_watch import QueueWatch
 
 LAST = "bulk_recorder_last_delivery_timestamp_seconds"

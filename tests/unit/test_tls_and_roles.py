@@ -8,8 +8,8 @@ from pathlib import Path
 import aiormq
 import pytest
 
-from bulk_recorder.roles import role_names
-from bulk_recorder.tls import amqp_uses_tls, pg_uses_tls, tls_error, tls_failure_line
+from bulk_recorder.infra.roles import role_names
+from bulk_recorder.infra.tls import amqp_uses_tls, pg_uses_tls, tls_error, tls_failure_line
 from settings import SettingsError, load_settings
 
 

@@ -44,6 +44,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from bulk_recorder import pg_hosts
 from bulk_recorder.errors import DataRejected, TransientDbError, classify, renew_if_server_gone
 from bulk_recorder.ingest import CONTENT_TYPES, FormatError, JobIntake, TooManyLines, parser_for
 from bulk_recorder.job_staging import JobStaging
@@ -457,7 +458,11 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await migrate(settings.database_url)
         ctx.pool = await asyncpg.create_pool(
-            settings.database_url, min_size=1, max_size=pool_max_size, command_timeout=60
+            settings.database_url,
+            min_size=1,
+            max_size=pool_max_size,
+            command_timeout=60,
+            connect=pg_hosts.connect,
         )
         mode = "async (outbox, 202)" if settings.rabbitmq_transaction_async else "sync (201)"
         log.info("ingest API ready: transactions %s", mode)

@@ -11,6 +11,7 @@ import logging
 
 import asyncpg
 
+from bulk_recorder import pg_hosts
 from bulk_recorder.flusher import Backoff
 from bulk_recorder.migrate import migrate
 
@@ -72,8 +73,8 @@ async def open_pool_when_ready(
                 min_size=1,
                 max_size=max_size,
                 command_timeout=command_timeout,
-                timeout=10,
                 reset=keep_session,
+                connect=pg_hosts.connect,
             )
         except DB_ERRORS as exc:
             log.warning("database not reachable yet (%r); retrying", exc)

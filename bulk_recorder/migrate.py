@@ -8,6 +8,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from bulk_recorder import pg_hosts
+
 log = logging.getLogger(__name__)
 
 # Any constant works; it only has to be the same for every process that migrates this schema.
@@ -38,7 +40,7 @@ def maintenance_dsn(dsn: str) -> str:
 async def create_database_if_missing(dsn: str) -> bool:
     """Create the DSN's database when it does not exist. Returns True when it was created."""
     name = _database_name(dsn)
-    conn = await asyncpg.connect(maintenance_dsn(dsn))
+    conn = await pg_hosts.connect(maintenance_dsn(dsn))
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
         if exists:
@@ -79,7 +81,7 @@ async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
 async def migrate(dsn: str) -> list[str]:
     """Create the database if needed and bring its schema up to date."""
     await create_database_if_missing(dsn)
-    conn = await asyncpg.connect(dsn)
+    conn = await pg_hosts.connect(dsn)
     try:
         return await apply_migrations(conn)
     finally:

@@ -52,6 +52,7 @@ import asyncpg
 from aiormq.abc import AbstractChannel
 from asyncpg.pool import PoolConnectionProxy
 
+from bulk_recorder import pg_hosts
 from bulk_recorder.broker import (
     BROKER_ERRORS,
     BrokerNodes,
@@ -394,7 +395,7 @@ class Relay:
             conn: asyncpg.Connection | None = None
             lost = asyncio.Event()
             try:
-                conn = await asyncpg.connect(self.settings.database_url)
+                conn = await pg_hosts.connect(self.settings.database_url)
                 conn.add_termination_listener(_setter(lost))
                 await conn.add_listener(OUTBOX_CHANNEL, lambda *_args: self.wake())
                 attempt = 0

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import asyncpg
 
+from bulk_recorder import pg_hosts
 from bulk_recorder.broker import BrokerNodes
 from bulk_recorder.loadgen import Generator, LoadReport, LoadSpec, publish_load
 from bulk_recorder.migrate import migrate
@@ -175,7 +176,7 @@ async def _drive(
             generator=gen,
         )
     )
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await pg_hosts.connect(settings.database_url)
     line = _Line()
     report: LoadReport | None = None
     try:

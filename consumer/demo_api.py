@@ -24,8 +24,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
+from bulk_recorder import pg_hosts
 from bulk_recorder.loadgen import Generator
 from bulk_recorder.migrate import migrate
 from consumer.demo import _free_port, _http_get, _Line
@@ -238,7 +237,7 @@ async def _run_job(
     for name in ("api", "relay", "recorder"):
         procs[name].send_signal(signal.SIGTERM)
         exit_codes[name] = await asyncio.wait_for(procs[name].wait(), 60)
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await pg_hosts.connect(settings.database_url)
     try:
         recorded_ids = {
             str(r[0])

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 from urllib.parse import urlsplit
 
-import asyncpg
-
+from bulk_recorder import pg_hosts
 from bulk_recorder.broker import BROKER_ERRORS, BrokerNodes, split_urls
 from bulk_recorder.db import DB_ERRORS
 from bulk_recorder.migrate import maintenance_dsn
@@ -43,7 +42,7 @@ def _reason(exc: BaseException) -> str:
 async def check_database(dsn: str) -> None:
     """Connect to the server of ``dsn`` (its maintenance database: ``migrate`` may create ours)."""
     try:
-        conn = await asyncpg.connect(maintenance_dsn(dsn), timeout=CONNECT_TIMEOUT_S)
+        conn = await pg_hosts.connect(maintenance_dsn(dsn))
     except _DB_DOWN as exc:
         raise Unreachable(f"cannot reach PostgreSQL at {endpoint(dsn)}: {_reason(exc)}") from None
     await conn.close()

@@ -12,9 +12,16 @@ The relay, in each of its lanes, repeats one database transaction:
    awaited after another) with the message properties of DESIGN.md section 4 and
    ``mandatory`` set, so that an unroutable message counts as refused, not as sent,
 3. delete the rows the broker confirmed and add them to their jobs' ``published`` count; a
-   refused row gets a later ``available_at`` and is parked after ``max_attempts`` refusals; a
-   row that was in flight when the connection died is left untouched (an outage is not bad data),
+   refused row (returned as unroutable, or its lone publish closed the channel) gets a later
+   ``available_at`` and is parked after ``max_attempts`` refusals; a row that was nacked, or
+   that was in flight when the connection died or its confirm timed out, is left untouched (an
+   outage is not bad data),
 4. commit.
+
+A nack or a lost confirm on a channel that is still open is an outage of the broker (a quorum
+queue without a leader or a majority, a queue full with ``reject-publish``): the lane asks the
+broker loop to replace the connection and channel (the next connect tries the next node of a
+cluster) and backs off, doubling with every batch that fails so in a row.
 
 A row can also make the broker close the channel (``406 PRECONDITION_FAILED``, e.g. a body over
 its ``max_message_size``): that fails every publish in flight on the channel, so the culprit is
@@ -185,8 +192,8 @@ class RelayConfig:
 class BatchResult:
     claimed: int
     published: int
-    refused: int  # nacked, returned, or its lone publish made the broker close the channel
-    lost: int  # no confirm: the connection or channel went away
+    refused: int  # returned, or its lone publish made the broker close the channel
+    lost: int  # no confirm (the connection or channel went away, or it timed out), or nacked
 
 
 Declare = Callable[[aio_pika.abc.AbstractChannel], Awaitable[None]]
@@ -218,12 +225,14 @@ class Relay:
         self._pool: asyncpg.Pool | None = None
         self._channel: AbstractChannel | None = None
         self._broker_up = asyncio.Event()
+        self._replace = asyncio.Event()  # a lane saw a nack or a lost confirm on the channel
         self._db_ok = False
         self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
         self._halt = asyncio.Event()  # stops the background loops once the lanes are done
         self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
         # Rows in flight on a channel the broker closed: published alone until settled.
         self._suspects: set[int] = set()
+        self._failed_rounds = 0  # batches in a row with a nack or a lost confirm
 
     # -- readiness --------------------------------------------------------------------------
 
@@ -350,21 +359,33 @@ class Relay:
                 if self._declare is not None:
                     await self._declare(channel)
                 underlay = await channel.get_underlay_channel()
+                self._replace.clear()
                 self._channel = underlay
                 self._broker_up.set()
-                attempt = 0
                 log.info("relay connected to the broker; publishing to %s", self.exchange)
                 self.wake()
                 closed = asyncio.ensure_future(connection.closed())
                 stopped = asyncio.ensure_future(stop.wait())
+                replace = asyncio.ensure_future(self._replace.wait())
                 try:
                     await asyncio.wait(
-                        {closed, stopped, underlay.closing}, return_when=asyncio.FIRST_COMPLETED
+                        {closed, stopped, replace, underlay.closing},
+                        return_when=asyncio.FIRST_COMPLETED,
                     )
                 finally:
                     closed.cancel()
                     stopped.cancel()
-                if not stop.is_set():
+                    replace.cancel()
+                if stop.is_set():
+                    pass
+                elif self._replace.is_set() and not underlay.is_closed:
+                    log.warning(
+                        "replacing the broker connection and channel after a nack or a lost "
+                        "confirm; rows wait in the outbox"
+                    )
+                    attempt = self._failed_rounds
+                else:
+                    attempt = 0
                     log.warning("relay lost the broker connection; rows wait in the outbox")
             except BROKER_ERRORS as exc:
                 log.warning("broker not reachable (%r); rows wait in the outbox", exc)
@@ -451,6 +472,7 @@ class Relay:
                 await _wait_any(stop, self._broker_up)
                 continue
             wake.clear()
+            channel = self._channel
             try:
                 result = await self.relay_batch()
             except DB_ERRORS as exc:
@@ -476,9 +498,17 @@ class Relay:
             self._db_ok = True
             db_failures = 0
             if result.lost:
-                # The channel went away mid-batch: wait for the broker loop to notice.
-                await wait_or_stop(stop, 0.2)
+                # A nack, a confirm that timed out, or a channel that went away mid-batch: an
+                # outage of the broker. The channel is replaced (if the broker loop has not
+                # noticed already) and this lane backs off, longer with each such batch in a row.
+                self._failed_rounds += 1
+                if self._channel is channel:
+                    self._channel = None
+                    self._replace.set()
+                await wait_or_stop(stop, backoff.delay(self._failed_rounds))
                 continue
+            if result.published:
+                self._failed_rounds = 0
             if result.claimed == self.config.batch_size and not result.refused:
                 continue  # probably more rows: go on without waiting
             if result.published:
@@ -531,8 +561,11 @@ class Relay:
                     if channel is None or channel.is_closed:
                         channel = await _open_channel(connection)
                     await self._publish(channel, row["record_type"], row["body"])
-                except aiormq.exceptions.DeliveryError as exc:
+                except aiormq.exceptions.PublishError as exc:  # returned: unroutable
                     outcomes[row["id"]] = exc
+                except aiormq.exceptions.DeliveryError as exc:  # nacked: the broker's outage
+                    failure = exc
+                    break
                 except aiormq.exceptions.ChannelPreconditionFailed as exc:
                     # The broker closed the channel for this message alone.
                     outcomes[row["id"]] = ChannelRefusal(exc)
@@ -596,6 +629,7 @@ class Relay:
         refused: list[int] = []
         reasons: list[str] = []  # each refused row's own reason, kept in its last_error
         lost = 0
+        nacked = 0
         published_per_job: Counter[str] = Counter()
         lost_error = ""
         for row, outcome in zip(rows, outcomes, strict=True):
@@ -603,9 +637,11 @@ class Relay:
                 sent.append(row["id"])
                 if row["job_id"] is not None:
                     published_per_job[str(row["job_id"])] += 1
-            elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):
+            elif isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal):
                 refused.append(row["id"])
                 reasons.append(_refusal_reason(outcome)[:500])
+            elif isinstance(outcome, aiormq.exceptions.DeliveryError):
+                nacked += 1  # the broker could not take it now: not the row's fault
             elif isinstance(outcome, asyncio.CancelledError) and cancel_requested():
                 raise outcome  # a shutdown while we settle
             else:
@@ -641,7 +677,10 @@ class Relay:
         if lost:
             self.metrics.outbox_publish_failures.labels(reason="lost").inc(lost)
             log.warning("%d publishes lost their confirm (%s); rows stay", lost, lost_error)
-        return BatchResult(len(rows), len(sent), len(refused), lost)
+        if nacked:
+            self.metrics.outbox_publish_failures.labels(reason="nacked").inc(nacked)
+            log.warning("broker nacked %d publishes; rows stay", nacked)
+        return BatchResult(len(rows), len(sent), len(refused), lost + nacked)
 
 
 _Starter = Callable[[], Coroutine[Any, Any, None]]
@@ -696,16 +735,14 @@ def _closed_by_broker(outcome: BaseException | None) -> bool:
 
 
 def _settled(outcome: BaseException | None) -> bool:
-    return outcome is None or isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal)
+    return outcome is None or isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal)
 
 
-def _refusal_reason(exc: aiormq.exceptions.DeliveryError | ChannelRefusal) -> str:
+def _refusal_reason(exc: aiormq.exceptions.PublishError | ChannelRefusal) -> str:
     if isinstance(exc, ChannelRefusal):
         return f"closed the channel: {exc}"
-    if isinstance(exc, aiormq.exceptions.PublishError):
-        frame: Any = exc.frame
-        return f"returned: {getattr(frame, 'reply_code', '?')} {getattr(frame, 'reply_text', '')}"
-    return "nacked by the broker"
+    frame: Any = exc.frame
+    return f"returned: {getattr(frame, 'reply_code', '?')} {getattr(frame, 'reply_text', '')}"
 
 
 def _setter(event: asyncio.Event) -> Callable[[object], None]:

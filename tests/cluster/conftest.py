@@ -1,8 +1,9 @@
 """Cluster fixtures: a three-node RabbitMQ cluster and PostgreSQL primary + standby pairs.
 
-``rabbit_cluster`` is one cluster per test module (it takes some 20 s to start on this machine);
-before each test every node that an earlier test killed is restarted, so tests do not depend
-on their order. ``pg_clusters`` starts a fresh primary and standby per call (about a second),
+``rabbit_cluster`` is one cluster for the whole session (it takes some 20 s to start on this
+machine), shared by every module that asks for it; before each test every node that an earlier
+test killed is restarted, so tests do not depend on their order. ``pg_clusters`` starts a
+fresh primary and standby per call (about a second),
 since a failover test leaves its primary dead. Everything is stopped at the end, also when a
 test fails, and the nodes' and servers' logs are printed then.
 
@@ -16,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.conftest import recorders  # noqa: F401  (real service processes)
 from tests.rigs import postgres_cluster, rabbitmq_node
 from tests.rigs.postgres_cluster import PgCluster
 from tests.rigs.rabbitmq_cluster import RabbitCluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rabbit_cluster_module(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[RabbitCluster]:
@@ -48,7 +50,7 @@ def rabbit_cluster_module(
 
 @pytest.fixture
 def rabbit_cluster(rabbit_cluster_module: RabbitCluster) -> RabbitCluster:
-    """The module's cluster with every node running and clustered again."""
+    """The session's cluster with every node running and clustered again."""
     for node in rabbit_cluster_module.nodes:
         if not node.running:
             rabbit_cluster_module.restart(node)

@@ -10,9 +10,11 @@ does: the URL's ``connect_timeout`` (seconds, per host, libpq's parameter), else
 :data:`DEFAULT_HOST_TIMEOUT_S`.
 
 A host is passed over when it cannot be reached in time, refuses or drops the connection, is
-starting up or shutting down, or does not match ``target_session_attrs`` (a standby when a
-read-write server is wanted). Any other refusal (a wrong password, a database that does not
-exist) is the answer, as with libpq: the hosts after it are not tried.
+starting up or shutting down, does not match ``target_session_attrs`` (a standby when a
+read-write server is wanted), or refuses the session with an error of its own: a standby that
+has not replayed a ``CREATE DATABASE`` yet answers "database does not exist" while the primary
+after it has the database (``migrate`` creates it, then connects to it at once). When no host
+is usable, the last host's error is raised.
 
 Every connection of the service goes through here: the pools of the recorder, the relay and the
 API (as asyncpg's ``connect`` callback), ``migrate`` and its create-if-missing, the relay's
@@ -32,15 +34,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST_TIMEOUT_S = 5.0
 
-# Failures that say "this host, not the request": try the next one.
+# Failures of one host: try the next one. PostgresError: any refusal of the session by the
+# server (57P0x shutting down or starting, 3D000 a database a lagging standby lacks yet, ...).
 _NEXT_HOST: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     asyncpg.TargetServerAttributeNotMatched,
-    asyncpg.CannotConnectNowError,  # 57P03: starting up, shutting down, in recovery
     asyncpg.ConnectionDoesNotExistError,  # the server went away during the handshake
-    asyncpg.AdminShutdownError,  # 57P01
-    asyncpg.CrashShutdownError,  # 57P02
+    asyncpg.PostgresError,
 )
 
 
@@ -133,7 +134,7 @@ async def connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
         except _NEXT_HOST as exc:
             error = exc
             if len(target.host_dsns) > 1:
-                log.info("PostgreSQL host %s passed over: %r", where, exc)
+                log.debug("PostgreSQL host %s passed over: %r", where, exc)
             continue
         return conn
     assert error is not None

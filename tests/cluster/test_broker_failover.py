@@ -67,8 +67,8 @@ async def open_broker(cluster: RabbitCluster, topo: Topology) -> Broker:
     return broker
 
 
-PER_RUN = 12_000  # valid records of each run
-KILL_AFTER = 1_500  # rows recorded (of this run) when the leader is killed
+PER_RUN = 8_000  # valid records of each run
+KILL_AFTER = 1_000  # rows recorded (of this run) when the leader is killed
 
 
 async def test_two_recorders_survive_the_loss_of_two_quorum_leaders(

@@ -57,11 +57,15 @@ class CommitWatch:
                         conn = await pg_hosts.connect(self.dsn)
                     value = int(await conn.fetchval(self.query, timeout=5))
                     self.samples.append((time.monotonic(), value))
-                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+                except (
+                    asyncpg.PostgresError,
+                    asyncpg.InterfaceError,
+                    asyncpg.exceptions.InternalClientError,
+                    OSError,
+                    TimeoutError,
+                ):
                     if conn is not None:
                         conn.terminate()
-                    conn = None
-                except asyncpg.exceptions.InternalClientError:
                     conn = None
                 await asyncio.sleep(self.interval)
         finally:

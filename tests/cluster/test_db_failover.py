@@ -24,9 +24,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import asyncpg
 import httpx
 import pytest
 
+from bulk_recorder import pg_hosts
 from bulk_recorder.loadgen import Generator, LoadSpec, publish_load
 from tests.cluster.conftest import PgClusterFactory
 from tests.cluster.failover_support import CommitWatch, recovery_line
@@ -108,6 +110,7 @@ async def test_primary_killed_standby_promoted_with_recorders_relay_and_api(
     client = Client(base_url, Generator.create(seed=1151))
     stop_client = asyncio.Event()
     posting = asyncio.create_task(client.run(stop_client))
+    opened: list[asyncpg.Connection] = []  # connections of the settle check
     try:
         publisher = asyncio.create_task(
             publish_load(
@@ -117,8 +120,10 @@ async def test_primary_killed_standby_promoted_with_recorders_relay_and_api(
             )
         )
         conn = await pg_hosts_connect(dsn)
-        await wait_for_rows(conn, 1_000, timeout=120)
-        conn.terminate()
+        try:
+            await wait_for_rows(conn, 1_000, timeout=120)
+        finally:
+            conn.terminate()
         assert client.accepted, "the API accepted nothing before the kill"
 
         killed = time.monotonic()
@@ -137,7 +142,8 @@ async def test_primary_killed_standby_promoted_with_recorders_relay_and_api(
         report.valid += len(client.accepted)
 
         async def connect_promoted():
-            return await pg_hosts_connect(dsn)
+            opened.append(await pg_hosts_connect(dsn))
+            return opened[-1]
 
         await wait_until_settled(connect_promoted, broker, report, timeout=180)
         assert all(p.running for p in procs), "a process died"
@@ -150,6 +156,8 @@ async def test_primary_killed_standby_promoted_with_recorders_relay_and_api(
         finally:
             await conn.close()
     finally:
+        for each in opened:
+            each.terminate()
         stop_client.set()
         await watch.stop()
         with contextlib.suppress(BaseException):
@@ -168,7 +176,5 @@ async def test_primary_killed_standby_promoted_with_recorders_relay_and_api(
     audit.assert_exact(dlq_surplus_allowed=True)
 
 
-async def pg_hosts_connect(dsn: str):
-    from bulk_recorder import pg_hosts
-
+async def pg_hosts_connect(dsn: str) -> asyncpg.Connection:
     return await pg_hosts.connect(dsn)

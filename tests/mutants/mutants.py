@@ -33,6 +33,8 @@ REPLICAS = "Replicas"
 SHUTDOWN = "Orderly shutdown"
 BAD_SETTINGS = "Bad settings fail at start-up"
 PRODUCER = "Producer side"
+NODE_LOSS = "Broker node loss"
+DB_FAILOVER = "Database failover"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
@@ -240,5 +242,28 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/faults/test_bad_input.py::test_a_bad_setting_stops_consume_naming_the_variable",
         ),
         fast=True,
+    ),
+    Mutant(
+        name="publisher-nack-as-refusal",
+        path="bulk_recorder/outbox.py",
+        old="elif isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal):",
+        new="elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):",
+        promise=NODE_LOSS,
+        tests=(
+            "tests/faults/test_relay_nack.py::"
+            "test_a_nacked_publish_leaves_the_row_untouched_and_replaces_the_channel",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="one-timeout-for-every-database-host",
+        path="bulk_recorder/pg_hosts.py",
+        old='    kwargs.pop("timeout", None)\n    target = parse(dsn)\n',
+        new=(
+            '    kwargs.pop("timeout", None)\n'
+            '    return await asyncpg.connect(dsn.split("&connect_timeout")[0], **kwargs)\n'
+        ),
+        promise=DB_FAILOVER,
+        tests=("tests/integration/test_db_hosts.py::test_every_command_passes_over_a_silent_host",),
     ),
 )

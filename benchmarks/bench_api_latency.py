@@ -6,7 +6,7 @@ the API keeps answering meanwhile.
 
 Three real processes on a fresh database and unique queue names, as deployed:
 ``bulk-recorder api`` (uvicorn, uvloop), ``bulk-recorder relay`` and ``python -m consumer``.
-The job is generated first (NDJSON, ``bulk_recorder.loadgen``), then:
+The job is generated first (NDJSON, ``consumer.tools.loadgen``), then:
 
 1. idle: probes for ``--idle-seconds``: one ``POST /v1/transactions`` (async: request row +
    outbox row in one DB transaction) then one ``GET /v1/credit-annotation-jobs/{id}`` of a
@@ -42,22 +42,12 @@ from typing import Any
 import asyncpg
 import httpx
 
-from benchmarks.common import (
-    cpu_seconds,
-    emit,
-    facts_table,
-    free_port,
-    machine_facts,
-    progress,
-    rabbitmq_url,
-    rss_mib,
-    save_json,
-    table,
-    temp_database,
-    temp_topology,
-    use_uvloop,
-)
-from bulk_recorder.loadgen import Generator
+from benchmarks.support.env import rabbitmq_url, use_uvloop
+from benchmarks.support.machine import cpu_seconds, facts_table, machine_facts, rss_mib
+from benchmarks.support.recorder import free_port
+from benchmarks.support.services import temp_database, temp_topology
+from benchmarks.support.stats import emit, progress, save_json, table
+from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
 CHUNK = 65_536

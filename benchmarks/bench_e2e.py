@@ -4,7 +4,7 @@
     python -m benchmarks.bench_e2e --count 200000 --db-latency-ms 0 1   # full size, + remote DB
 
 Each round, for each record type: the queue (the recorder's own topology, unique names) is
-pre-filled with ``--count`` records by ``bulk_recorder.loadgen``, then drained by
+pre-filled with ``--count`` records by ``consumer.tools.loadgen``, then drained by
 - ``raw aio-pika``: aio-pika consume + ``ack()`` each, no work, at the recorder's channel QoS;
 - ``raw aiormq``: aiormq ``basic_consume`` + ``basic_ack`` each, no work, same QoS;
 - ``bulk``: ``python -m consumer`` (a subprocess, settings from env vars) in bulk mode;
@@ -30,30 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.bench_limits import consume
-from benchmarks.common import (
-    PgCpu,
-    RecorderConfig,
-    RecorderProcess,
-    Stat,
-    add_recorder_arguments,
-    count_rows,
-    database_url,
-    delay_proxy,
-    drain,
-    emit,
-    facts_table,
-    fill,
-    machine_facts,
-    progress,
-    ratio,
-    round_trip_ms,
-    save_json,
-    table,
-    temp_database,
-    temp_topology,
-    use_uvloop,
-    with_port,
-)
+from benchmarks.support.env import add_recorder_arguments, database_url, use_uvloop
+from benchmarks.support.machine import PgCpu, facts_table, machine_facts
+from benchmarks.support.proxy import delay_proxy, round_trip_ms
+from benchmarks.support.recorder import RecorderConfig, RecorderProcess, drain
+from benchmarks.support.services import count_rows, fill, temp_database, temp_topology, with_port
+from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
 
 TABLE_OF = {"transaction": "transactions", "credit_annotation": "credit_annotations"}
 RAW = {"raw aio-pika": "aio-pika ack", "raw aiormq": "aiormq basic_ack"}

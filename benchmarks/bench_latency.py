@@ -24,24 +24,12 @@ from dataclasses import dataclass, field
 import aio_pika
 import asyncpg
 
-from benchmarks.common import (
-    RecorderConfig,
-    RecorderProcess,
-    Stat,
-    add_recorder_arguments,
-    emit,
-    facts_table,
-    machine_cpu,
-    machine_facts,
-    progress,
-    rabbitmq_url,
-    run_main,
-    save_json,
-    table,
-    temp_database,
-    temp_topology,
-)
-from bulk_recorder.loadgen import Generator
+from benchmarks.support.env import add_recorder_arguments, rabbitmq_url, run_main
+from benchmarks.support.machine import facts_table, machine_cpu, machine_facts
+from benchmarks.support.recorder import RecorderConfig, RecorderProcess
+from benchmarks.support.services import temp_database, temp_topology
+from benchmarks.support.stats import Stat, emit, progress, save_json, table
+from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
 

@@ -41,22 +41,11 @@ from aiormq.abc import ChannelFrame, DeliveredMessage
 from pamqp import commands as spec
 
 from benchmarks.bench_writer import TABLES, make_records, row_of
-from benchmarks.common import (
-    Stat,
-    emit,
-    facts_table,
-    machine_facts,
-    progress,
-    rabbitmq_url,
-    ratio,
-    run_main,
-    save_json,
-    table,
-    temp_database,
-    temp_topology,
-    wait_visible,
-)
-from bulk_recorder.loadgen import Generator
+from benchmarks.support.env import rabbitmq_url, run_main
+from benchmarks.support.machine import facts_table, machine_facts
+from benchmarks.support.services import temp_database, temp_topology, wait_visible
+from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
+from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
 CONSUMERS = ("aio-pika ack", "aiormq basic_ack", "aiormq basic_ack wait=False", "aiormq one write")

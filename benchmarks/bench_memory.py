@@ -14,25 +14,11 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.common import (
-    PgCpu,
-    RecorderConfig,
-    RecorderProcess,
-    Stat,
-    add_recorder_arguments,
-    database_url,
-    drain,
-    emit,
-    facts_table,
-    fill,
-    machine_facts,
-    progress,
-    run_main,
-    save_json,
-    table,
-    temp_database,
-    temp_topology,
-)
+from benchmarks.support.env import add_recorder_arguments, database_url, run_main
+from benchmarks.support.machine import PgCpu, facts_table, machine_facts
+from benchmarks.support.recorder import RecorderConfig, RecorderProcess, drain
+from benchmarks.support.services import fill, temp_database, temp_topology
+from benchmarks.support.stats import Stat, emit, progress, save_json, table
 
 MARKS = (0.01, 0.25, 0.5, 0.75, 1.0)
 

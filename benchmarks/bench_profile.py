@@ -28,41 +28,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    RecorderConfig,
-    RecorderProcess,
-    Stat,
-    add_recorder_arguments,
-    emit,
-    facts_table,
-    fill,
-    machine_facts,
-    progress,
-    run_main,
-    save_json,
-    table,
-    temp_database,
-    temp_topology,
-)
+from benchmarks.support.env import add_recorder_arguments, run_main
+from benchmarks.support.machine import facts_table, machine_facts
+from benchmarks.support.recorder import RecorderConfig, RecorderProcess
+from benchmarks.support.services import fill, temp_database, temp_topology
+from benchmarks.support.stats import Stat, emit, progress, save_json, table
 
 # (category, substrings any of which in a frame "function (file:line)" puts a sample there);
 # the first category that matches any frame of the stack wins.
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("/metrics scrapes (the benchmark's polling)", ("HealthServer._handle",)),
-    ("decode + validate (records.py, documents.py)", ("bulk_recorder/records.py", "documents.py")),
+    ("decode + validate (records/)", ("bulk_recorder/records/",)),
     ("prometheus_client counters/gauges/histograms", ("prometheus_client",)),
     ("ack: AmqpDelivery.ack -> aiormq basic_ack", ("AmqpDelivery.ack", "Channel.basic_ack")),
     ("asyncpg (protocol, encode, decode)", ("asyncpg/",)),
-    ("writer Python (split, dedupe, sort, arrays, deltas)", ("bulk_recorder/writer.py",)),
-    ("flusher bookkeeping (Flusher.*)", ("bulk_recorder/flusher.py",)),
-    ("collector (BulkCollector)", ("bulk_recorder/collector.py",)),
+    ("writer Python (split, dedupe, sort, arrays, deltas)", ("bulk_recorder/recorder/writer.py",)),
+    ("flusher bookkeeping (Flusher.*)", ("bulk_recorder/recorder/flusher.py",)),
+    ("collector (BulkCollector)", ("bulk_recorder/recorder/collector.py",)),
     ("on_message rest (AmqpDelivery(), Pending)", ("Recorder._on_message",)),
     (
         "aiormq receive: frames, pamqp, a task per delivery",
         ("Channel._reader", "Connection.__reader", "pamqp/", "_on_deliver_frame"),
     ),
     ("aiormq writer task (one socket write per frame)", ("Connection.__writer",)),
-    ("flush worker loop / asyncio.Queue", ("Recorder._flush_worker",)),
+    (
+        "flush worker loop / asyncio.Queue",
+        ("Recorder._flush_worker", "FlushWorkers._flush_worker"),
+    ),
 ]
 OTHER = "other (event loop, task switches, unattributed)"
 
@@ -155,9 +147,9 @@ async def profile_run(
 def micro() -> list[tuple[str, float]]:
     """CPU microseconds per call of hot-path pieces, median of 5 timeit runs."""
     from benchmarks.bench_decode import CASES
-    from bulk_recorder.collector import BulkCollector
-    from bulk_recorder.flusher import Pending
-    from bulk_recorder.metrics import Metrics
+    from bulk_recorder.infra.metrics import Metrics
+    from bulk_recorder.recorder.collector import BulkCollector
+    from bulk_recorder.recorder.flusher import Pending
     from bulk_recorder.records import decode
 
     metrics = Metrics()

@@ -31,7 +31,7 @@ import aio_pika
 import aiormq
 from aiormq.abc import DeliveredMessage
 
-from bulk_recorder.flusher import release_all
+from bulk_recorder.recorder.flusher import release_all
 from consumer.delivery import AmqpDelivery, DeadLetterer
 from consumer.publisher import Publisher
 from consumer.topology import Topology, declare_topology, delete_topology

@@ -16,27 +16,11 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.bench_limits import consume
-from benchmarks.common import (
-    PgCpu,
-    RecorderConfig,
-    RecorderProcess,
-    Stat,
-    add_recorder_arguments,
-    count_rows,
-    database_url,
-    drain,
-    emit,
-    facts_table,
-    fill,
-    machine_facts,
-    progress,
-    ratio,
-    run_main,
-    save_json,
-    table,
-    temp_database,
-    temp_topology,
-)
+from benchmarks.support.env import add_recorder_arguments, database_url, run_main
+from benchmarks.support.machine import PgCpu, facts_table, machine_facts
+from benchmarks.support.recorder import RecorderConfig, RecorderProcess, drain
+from benchmarks.support.services import count_rows, fill, temp_database, temp_topology
+from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
 
 
 async def run_processes(config: RecorderConfig, count: int, processes: int) -> tuple[float, float]:

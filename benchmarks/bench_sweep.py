@@ -21,26 +21,17 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from benchmarks.common import (
-    PgCpu,
+from benchmarks.support.env import database_url, run_main
+from benchmarks.support.machine import PgCpu, facts_table, machine_facts
+from benchmarks.support.recorder import (
     RecorderConfig,
     RecorderProcess,
-    Stat,
-    database_url,
     drain,
-    emit,
-    facts_table,
-    fill,
     histogram_buckets,
     histogram_quantile,
-    machine_facts,
-    progress,
-    run_main,
-    save_json,
-    table,
-    temp_database,
-    temp_topology,
 )
+from benchmarks.support.services import fill, temp_database, temp_topology
+from benchmarks.support.stats import Stat, emit, progress, save_json, table
 
 DEFAULT = (5, 10, 0, 100)
 # (workers, prefetch, size, timeout ms): defaults, then what the tuning guide needs to know.

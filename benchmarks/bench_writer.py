@@ -35,21 +35,14 @@ from typing import Any
 
 import asyncpg
 
-from benchmarks.common import (
-    Stat,
-    emit,
-    facts_table,
-    machine_facts,
-    progress,
-    ratio,
-    run_main,
-    save_json,
-    table,
-    temp_database,
-)
-from bulk_recorder.loadgen import Generator, uuid7
+from benchmarks.support.env import run_main
+from benchmarks.support.machine import facts_table, machine_facts
+from benchmarks.support.services import temp_database
+from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
+from bulk_recorder.infra.ids import uuid7
+from bulk_recorder.recorder.writer import ANNOTATION_COLUMNS, TRANSACTION_COLUMNS, PgWriter
 from bulk_recorder.records import CreditAnnotation, Record, Transaction, decode
-from bulk_recorder.writer import ANNOTATION_COLUMNS, TRANSACTION_COLUMNS, PgWriter
+from consumer.tools.loadgen import Generator
 
 CHUNK = 1000
 TABLES: dict[str, tuple[str, ...]] = {

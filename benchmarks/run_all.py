@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, progress
+from benchmarks.support.env import REPO
+from benchmarks.support.stats import progress
 
 # name -> (standard arguments, full-size arguments)
 BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {

@@ -17,41 +17,36 @@ worker that ends anyway is logged and replaced, and ``ready()`` is False while o
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Callable
 
 import aio_pika
 import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
-from bulk_recorder.broker import (
+from bulk_recorder.infra.aiormq_internals import unblock_writers
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
     broker_failures_suppressed,
     cancel_requested,
 )
-from bulk_recorder.collector import BulkCollector
-from bulk_recorder.db import open_pool_when_ready, wait_or_stop
-from bulk_recorder.flusher import Backoff, Flusher, Pending, count_dead_letter, release_all
-from bulk_recorder.metrics import Metrics
+from bulk_recorder.infra.db import open_pool_when_ready, wait_or_stop
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.recorder.collector import BulkCollector
+from bulk_recorder.recorder.flusher import Flusher, Pending, count_dead_letter
+from bulk_recorder.recorder.writer import PgWriter, rows_per_insert
 from bulk_recorder.records import RecordError, decode
-from bulk_recorder.writer import PgWriter, rows_per_insert
-from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
+from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, dead_letter_class
 from consumer.health import HealthServer
 from consumer.publisher import Publisher
 from consumer.topology import Topology, declare_topology
+from consumer.workers import Batch, FlushWorkers
 from settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-Batch = tuple[list[Pending], str]
-
-# A flush worker that ended is replaced after this long (no busy loop if one keeps dying).
-WORKER_RESTART_DELAY_S = 1.0
 
 
 class TopologyMismatch(Exception):
@@ -62,16 +57,7 @@ class TopologyMismatch(Exception):
     """
 
 
-def dead_letter_class(reason: str) -> str:
-    """A low-cardinality label for ``messages_dead_lettered_total{reason}``."""
-    if reason.startswith(("body", "invalid JSON", "nesting")):
-        return "decode"
-    if reason.startswith(("missing type", "unknown type")):
-        return "type"
-    return "validation"
-
-
-class Recorder:
+class Recorder(FlushWorkers):
     """The bulk recorder service. ``run(stop)`` returns after an orderly shutdown."""
 
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
@@ -246,7 +232,7 @@ class Recorder:
                     with broker_failures_suppressed():
                         await connection.close()
                 if channel is not None and not stop.is_set():
-                    await _unblock_writers(channel)
+                    await unblock_writers(channel)
             if stop.is_set():
                 break
             await wait_or_stop(stop, backoff.delay(attempt))
@@ -346,121 +332,6 @@ class Recorder:
             self.metrics.buffer_messages.dec()
         count_dead_letter(self.metrics, result, dead_letter_class(reason))
 
-    def _enqueue(self, batch: list[Pending], reason: str) -> None:
-        self._batches.put_nowait((batch, reason))
-
-    def _drop_queued(self, dead: Callable[[Pending], bool]) -> int:
-        """Remove the matching deliveries from the queued batches; returns how many."""
-        queued: list[Batch] = []
-        while not self._batches.empty():
-            queued.append(self._batches.get_nowait())
-        dropped = 0
-        for batch, reason in queued:
-            live = [p for p in batch if not dead(p)]
-            dropped += len(batch) - len(live)
-            if live:
-                self._batches.put_nowait((live, reason))
-        for _ in queued:  # after the puts: join() never sees an empty queue on the way
-            self._batches.task_done()
-        return dropped
-
-    def _start_worker(self, slot: int) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._flush_worker(), name=f"flush-worker-{slot}")
-        task.add_done_callback(functools.partial(self._worker_ended, slot))
-        return task
-
-    def _worker_ended(self, slot: int, task: asyncio.Task[None]) -> None:
-        """A flush worker ended outside shutdown: log why and start another in its slot."""
-        if self._stopping:
-            return
-        cause = "cancelled" if task.cancelled() else repr(task.exception())
-        log.error(
-            "flush worker %d ended unexpectedly (%s); a new one starts in %.0f s",
-            slot,
-            cause,
-            WORKER_RESTART_DELAY_S,
-            exc_info=None if task.cancelled() else task.exception(),
-        )
-        asyncio.get_running_loop().call_later(
-            WORKER_RESTART_DELAY_S, self._restart_worker, slot, task
-        )
-
-    def _restart_worker(self, slot: int, ended: asyncio.Task[None]) -> None:
-        if self._stopping or self._workers[slot] is not ended:
-            return
-        self._workers[slot] = self._start_worker(slot)
-        self._worker_restarts += 1
-        log.warning("flush worker %d restarted", slot)
-
-    async def _flush_worker(self) -> None:
-        assert self._flusher is not None
-        while True:
-            batch, reason = await self._batches.get()
-            try:
-                await self._flusher.process(batch, reason)
-            except asyncio.CancelledError:
-                if cancel_requested():
-                    raise
-                # a future of a connection aiormq gave up: the broker redelivers the batch
-                log.warning("flush ended by a lost broker connection; releasing its deliveries")
-                await asyncio.shield(self._release(batch))
-            except Exception:
-                log.exception("flush failed unexpectedly; releasing its deliveries for redelivery")
-                await asyncio.shield(self._release(batch))
-            finally:
-                self._batches.task_done()
-
-    async def _release(self, held: list[Pending]) -> None:
-        """Hand deliveries back to the broker (see AmqpDelivery.release) and stop counting
-        them as held."""
-        released = await release_all([pending.delivery for pending in held])
-        self.metrics.messages_released.inc(released)
-        self.metrics.messages_dropped.inc(len(held) - released)
-        self.metrics.buffer_messages.dec(len(held))
-
-    # -- outages --------------------------------------------------------------------------
-
-    def _on_outage(self, down: bool) -> None:
-        self._db_ok = not down
-
-    async def _on_release(self) -> None:
-        """A batch was released after a long outage: pause intake until the database is back."""
-        if self._stopping:
-            return
-        if self._pause_task is None or self._pause_task.done():
-            self._pause_task = asyncio.create_task(self._pause_until_database_returns())
-
-    async def _pause_until_database_returns(self) -> None:
-        self._intake.clear()
-        await self._stop_consuming()
-        log.warning("intake paused until the database is back")
-        held = self._collector.drop(lambda p: True)
-        while not self._batches.empty():
-            batch, _ = self._batches.get_nowait()
-            held.extend(batch)
-            self._batches.task_done()
-        await self._release(held)
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        assert self._writer is not None
-        assert self._flusher is not None
-        while not self._stopping:
-            await asyncio.sleep(backoff.delay(attempt))
-            attempt += 1
-            try:
-                # a real write, rolled back: `SELECT 1` passes on a database that accepts
-                # connections but refuses writes (read-only, disk full, a revoked privilege)
-                await self._writer.probe()
-            except Exception as exc:  # any failed probe means "not back yet", whatever its type
-                log.debug("database probe failed: %r", exc)
-                continue
-            break
-        self._flusher.recovered()
-        log.info("database is back: intake resumed")
-        self._intake.set()
-        with broker_failures_suppressed():
-            await self._start_consuming()
-
     # -- shutdown -------------------------------------------------------------------------
 
     async def _shutdown(self, publisher: asyncio.Task[None], publisher_stop: asyncio.Event) -> None:
@@ -520,19 +391,3 @@ class Recorder:
         if self.health is not None:
             await self.health.stop()
         log.info("recorder stopped in %.1f s", time.monotonic() - started)
-
-
-async def _unblock_writers(channel: AbstractChannel) -> None:
-    """Wake every call still waiting for room in a closed connection's write queue.
-
-    aiormq's write queue is bounded (10 frames) and not tied to the channel's close: when the
-    connection dies while the queue is full, a basic_ack or basic_publish waiting for room is
-    never woken and holds its flush worker forever (one worker lost per broker cut, found by
-    tests/faults/test_broker_cut.py). Emptying the queue lets each waiting call put its frame,
-    which goes nowhere, and return; the broker redelivers the dead channel's unacked messages.
-    """
-    queue = channel.connection.write_queue
-    while not queue.empty():
-        while not queue.empty():
-            queue.get_nowait()
-        await asyncio.sleep(0)  # the woken callers put their frames now

@@ -9,15 +9,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from bulk_recorder.logs import setup_logging
+from bulk_recorder.infra.logs import setup_logging
+from bulk_recorder.infra.reach import Unreachable, check_services
 from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
-from consumer.reach import Unreachable, check_services
+from consumer.runner import run_async, with_stop_signals
 from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -34,47 +34,11 @@ ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
     "demo": ("database", "broker"),
 }
 
-T = TypeVar("T")
-
-
-def run_async(main: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine on uvloop (asyncio where uvloop is missing)."""
-    try:
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(main)
-
-
-async def with_stop_signals(body: Callable[[asyncio.Event], Awaitable[int]]) -> int:
-    """Run ``body(stop)`` with SIGTERM and SIGINT setting ``stop`` (a second signal exits)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal(signum: int) -> None:
-        if stop.is_set():
-            log.warning("second %s: exiting now", signal.Signals(signum).name)
-            raise SystemExit(130)
-        log.info("%s received: stopping intake, flushing, closing", signal.Signals(signum).name)
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    try:
-        return await body(stop)
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
-
-
 # -- commands ------------------------------------------------------------------------------
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.migrate import migrate
+    from bulk_recorder.infra.migrate import migrate
 
     applied = run_async(migrate(settings.database_url))
     print("applied: " + (", ".join(applied) if applied else "nothing (schema up to date)"))
@@ -96,7 +60,7 @@ def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.loadgen import LoadSpec, ProgressBar, publish_load
+    from consumer.tools.loadgen import LoadSpec, ProgressBar, publish_load
 
     spec = LoadSpec(
         record_type=args.type,
@@ -134,13 +98,13 @@ def _declare(settings: Settings) -> Callable[[Any], Awaitable[None]]:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.demo import run_demo
+    from consumer.tools.demo import run_demo
 
     return run_async(run_demo(settings, count=args.count, via=args.via))
 
 
 def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.dlq import inspect_dlq, replay_dlq
+    from consumer.tools.dlq import inspect_dlq, replay_dlq
 
     if args.dlq_command == "inspect":
         return run_async(inspect_dlq(settings, samples=args.samples))

@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import aiormq
-from aiormq.abc import AbstractChannel, ChannelFrame, DeliveredMessage
+from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp import commands as spec
 
-from bulk_recorder.broker import cancel_requested
-from bulk_recorder.flusher import Backoff, DeadLetterResult, Delivery
+from bulk_recorder.infra.aiormq_internals import CHANNEL_GONE, write_acks
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.broker import cancel_requested
+from bulk_recorder.recorder.flusher import DeadLetterResult, Delivery
 from consumer.publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,14 @@ RETRIES_HEADER = "x-bulk-recorder-retries"
 # set by the broker on each redelivery; a republished copy starts afresh
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 
-_CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+
+def dead_letter_class(reason: str) -> str:
+    """A low-cardinality label for ``messages_dead_lettered_total{reason}``."""
+    if reason.startswith(("body", "invalid JSON", "nesting")):
+        return "decode"
+    if reason.startswith(("missing type", "unknown type")):
+        return "type"
+    return "validation"
 
 
 class DeadLetterer:
@@ -180,20 +188,12 @@ class AmqpDelivery:
 
     async def _ack(self) -> bool:
         """The ack after a published copy (a dead letter, a release): not a committed row."""
-        return await _write_acks(self._channel, [self.tag])
+        return await write_acks(self._channel, [self.tag])
 
     async def reject(self) -> bool:
         if self._channel.is_closed:
             return False
-        try:
-            await self._channel.basic_reject(self.tag, requeue=True)
-        except _CHANNEL_GONE:
-            return False
-        except asyncio.CancelledError:  # the frame's drain future of a connection given up
-            if cancel_requested():
-                raise
-            return False
-        return True
+        return await _sent(self._channel.basic_reject(self.tag, requeue=True))
 
     async def release(self) -> bool:
         """A copy back to the queue, confirmed, then an ack: no delivery spent. If the broker
@@ -208,15 +208,7 @@ class AmqpDelivery:
         if self._channel.is_closed:
             return False  # the broker returns it with its channel anyway
         log.warning("republishing a released delivery failed (%s): nacking it instead", failure)
-        try:
-            await self._channel.basic_nack(self.tag, requeue=True)
-        except _CHANNEL_GONE:
-            return False
-        except asyncio.CancelledError:  # the frame's drain future of a connection given up
-            if cancel_requested():
-                raise
-            return False
-        return True
+        return await _sent(self._channel.basic_nack(self.tag, requeue=True))
 
     async def dead_letter(self, reason: str) -> DeadLetterResult:
         dead_letterer = self._dead_letterer
@@ -249,6 +241,19 @@ class AmqpDelivery:
         return DeadLetterResult.DROPPED
 
 
+async def _sent(frame: Awaitable[object]) -> bool:
+    """Await one reject or nack frame: False if its channel or connection went away."""
+    try:
+        await frame
+    except CHANNEL_GONE:
+        return False
+    except asyncio.CancelledError:  # the frame's drain future of a connection given up
+        if cancel_requested():
+            raise
+        return False
+    return True
+
+
 async def ack_each(deliveries: Sequence[Delivery]) -> int:
     """One basic.ack per delivery (never ``multiple``), written as one buffer per channel.
 
@@ -267,69 +272,6 @@ async def ack_each(deliveries: Sequence[Delivery]) -> int:
         group[1].append(delivery.tag)
     acked = 0
     for channel, tags in groups.values():
-        if await _write_acks(channel, tags):
+        if await write_acks(channel, tags):
             acked += len(tags)
     return acked
-
-
-# -- the lean path's writes into aiormq ------------------------------------------------------
-# aiormq's basic_ack refuses a channel that is closed or closing; the lean path writes its ack
-# frames into the connection's write queue itself, so it must make the same check, and make it
-# when the connection's writer takes the frames, not when they are queued: a put can wait for
-# room while the broker's Channel.Close arrives. A Basic.Ack that reaches the broker after the
-# channel's Close/Close-Ok makes it close the whole connection (504 CHANNEL_ERROR "expected
-# 'channel.open'"), and one on a channel number that a new channel took would ack another
-# delivery. tests/faults/test_lean_acks.py makes the first happen.
-
-
-def _channel_closing(channel: AbstractChannel) -> bool:
-    """The channel is closed or closing: no frame of ours may be written on its number now.
-
-    Closing starts when the broker's Channel.Close or Close-Ok arrives (the connection's reader
-    then frees the number: ``channels`` no longer maps it to this channel) or when aiormq sends
-    a Channel.Close itself after a failed RPC (its private close event, the flag its own
-    basic_ack checks).
-    """
-    return (
-        channel.is_closed
-        or channel.connection.channels.get(channel.number) is not channel
-        or getattr(channel, "_Channel__close_event").is_set()  # noqa: B009 (a private name)
-    )
-
-
-class _AckFrames:
-    """Basic.Ack frames for aiormq's connection writer, dropped if their channel began closing
-    before the writer takes them. The writer uses ``payload``, ``should_close``,
-    ``should_drain`` and ``drain()`` of what it takes from ``write_queue`` (aiormq 7's
-    ``ChannelFrame`` interface); the check runs in ``payload``, read just before the write."""
-
-    __slots__ = ("_channel", "_payload")
-
-    should_close = False
-    should_drain = False
-
-    def __init__(self, channel: AbstractChannel, tags: Sequence[int]) -> None:
-        self._channel = channel
-        frames = [spec.Basic.Ack(delivery_tag=t) for t in tags]
-        self._payload = ChannelFrame.marshall(channel.number, frames).payload
-
-    @property
-    def payload(self) -> bytes:
-        if _channel_closing(self._channel):
-            log.debug("acks for channel %s dropped: the channel is closing", self._channel.number)
-            return b""
-        return self._payload
-
-    def drain(self) -> None:
-        return None
-
-
-async def _write_acks(channel: AbstractChannel, tags: Sequence[int]) -> bool:
-    """Queue one Basic.Ack per tag on ``channel``; False if the channel is closed or closing."""
-    if _channel_closing(channel):
-        return False
-    try:
-        await channel.connection.write_queue.put(_AckFrames(channel, tags))
-    except _CHANNEL_GONE:
-        return False
-    return True

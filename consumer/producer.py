@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from bulk_recorder.api import create_app
-    from consumer.cli import run_async
+    from bulk_recorder.producer.api import create_app
+    from consumer.runner import run_async
 
     config = uvicorn.Config(
         create_app(settings),
@@ -82,9 +82,9 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.outbox import Relay, RelayConfig
-    from consumer.cli import run_async, with_stop_signals
+    from bulk_recorder.producer.relay import Relay, RelayConfig
     from consumer.health import HealthServer
+    from consumer.runner import run_async, with_stop_signals
     from consumer.topology import Topology, declare_topology
 
     try:

@@ -25,14 +25,14 @@ import aiormq
 from aiormq.abc import AbstractChannel
 from pamqp import commands as spec
 
-from bulk_recorder.broker import (
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
     broker_failures_suppressed,
     cancel_requested,
 )
-from bulk_recorder.db import wait_or_stop
-from bulk_recorder.flusher import Backoff
+from bulk_recorder.infra.db import wait_or_stop
 from consumer.topology import Topology, declare_topology
 
 log = logging.getLogger(__name__)

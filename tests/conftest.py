@@ -23,7 +23,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from bulk_recorder.metrics import Metrics
+from bulk_recorder.infra.metrics import Metrics
 from consumer.app import Recorder
 from consumer.topology import Topology, declare_topology, delete_topology
 from settings import Settings, load_settings

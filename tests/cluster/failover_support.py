@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from bulk_recorder import pg_hosts
-from bulk_recorder.loadgen import LoadReport
+from bulk_recorder.infra import pg_hosts
+from consumer.tools.loadgen import LoadReport
 from consumer.topology import Topology
 from settings import Settings, load_settings
 from tests.faults.audit import expected_invalid_shapes

@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator
 import aio_pika
 import pytest
 
-from bulk_recorder.loadgen import Generator, LoadReport, LoadSpec, publish_load
-from bulk_recorder.migrate import migrate
-from bulk_recorder.outbox import copy_to_outbox, notify
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.outbox import copy_to_outbox, notify
+from consumer.tools.loadgen import Generator, LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, delete_topology
 from tests.cluster.failover_support import (
     OUTBOX,

@@ -28,8 +28,8 @@ import asyncpg
 import httpx
 import pytest
 
-from bulk_recorder import pg_hosts
-from bulk_recorder.loadgen import Generator, LoadSpec, publish_load
+from bulk_recorder.infra import pg_hosts
+from consumer.tools.loadgen import Generator, LoadSpec, publish_load
 from tests.cluster.conftest import PgClusterFactory
 from tests.cluster.failover_support import CommitWatch, recovery_line
 from tests.conftest import free_port, run_cli, settings_env, wait_for

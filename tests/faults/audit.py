@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from bulk_recorder.loadgen import Generator, LoadReport
 from bulk_recorder.records import RecordError, decode
 from consumer.delivery import ERROR_HEADER
+from consumer.tools.loadgen import Generator, LoadReport
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.conftest import scale
 

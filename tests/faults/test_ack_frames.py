@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Sequence
 import asyncpg
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import Generator
 from tests.conftest import wait_for
 from tests.faults.amqp_tap import AmqpTap
 from tests.faults.audit import audit_run, report_for

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from bulk_recorder.loadgen import Generator
 from bulk_recorder.records import RecordError, decode
 from consumer.delivery import ERROR_HEADER
+from consumer.tools.loadgen import Generator
 from settings import Settings
 from tests.conftest import wait_for
 from tests.faults.audit import settled_count

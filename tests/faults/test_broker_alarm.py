@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bulk_recorder.loadgen import Generator
+from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import audit_run, report_for

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from bulk_recorder.loadgen import LoadSpec, publish_load
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.conftest import wait_for
 from tests.faults.audit import (
     audit_run,

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from bulk_recorder.loadgen import LoadSpec, publish_load
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.faults.audit import audit_run, row_counts, wait_for_rows, wait_until_settled
 from tests.faults.conftest import long_run, scale, via_proxy
 

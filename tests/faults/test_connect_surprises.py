@@ -20,12 +20,13 @@ import aio_pika
 import pytest
 import uvloop
 
-import bulk_recorder.db as db_module
-import bulk_recorder.outbox as outbox_module
-from bulk_recorder.broker import BROKER_ERRORS
-from bulk_recorder.loadgen import Generator, LoadSpec, publish_load
-from bulk_recorder.migrate import migrate
-from bulk_recorder.outbox import RelayConfig
+import bulk_recorder.infra.db as db_module
+import bulk_recorder.producer.relay as relay_module
+from bulk_recorder.infra.broker import BROKER_ERRORS
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.outbox import outbox_stats
+from bulk_recorder.producer.relay import RelayConfig
+from consumer.tools.loadgen import Generator, LoadSpec, publish_load
 from tests.conftest import wait_for
 from tests.faults.audit import wait_for_rows
 from tests.integration.producer_support import api_client, ndjson, running_relay
@@ -175,8 +176,8 @@ async def test_database_connect_retries_through_a_surprise(
 
 
 async def test_relay_stats_loop_survives_a_surprise(make_settings, db, monkeypatch, caplog) -> None:
-    flaky = Flaky(outbox_module.outbox_stats, [LookupError("a surprise reading the backlog")])
-    monkeypatch.setattr(outbox_module, "outbox_stats", flaky)
+    flaky = Flaky(outbox_stats, [LookupError("a surprise reading the backlog")])
+    monkeypatch.setattr(relay_module, "outbox_stats", flaky)
     config = RelayConfig(batch_size=200, poll_interval_s=0.2, stats_interval_s=0.05)
     with caplog.at_level(logging.WARNING, logger="bulk_recorder.outbox"):
         async with running_relay(make_settings(), config) as relay:

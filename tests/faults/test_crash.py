@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from bulk_recorder.loadgen import LoadSpec, publish_load
+from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.faults.audit import audit_run, row_counts, wait_for_rows, wait_until_settled
 from tests.faults.conftest import long_run, scale
 

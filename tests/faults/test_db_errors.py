@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
-from bulk_recorder.writer import PgWriter, WriteResult
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.recorder.writer import PgWriter, WriteResult
+from consumer.tools.loadgen import Generator
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.audit import audit_run, report_for
 from tests.faults.pg_locks import (

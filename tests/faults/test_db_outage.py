@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from bulk_recorder.loadgen import Generator, LoadSpec, publish_load
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import Generator, LoadSpec, publish_load
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.audit import (
     audit_run,

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
-from bulk_recorder.writer import PgWriter
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.recorder.writer import PgWriter
 from consumer.delivery import ERROR_HEADER
+from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import audit_run, report_for, settled_count

@@ -94,9 +94,9 @@ async def test_acks_queued_before_the_close_are_dropped_when_the_writer_takes_th
 ) -> None:
     """A put can wait for room in the write queue while the Close arrives: the check that
     counts is the one made when the writer takes the frames."""
-    from consumer.delivery import _AckFrames  # the frames the lean path queues
+    from bulk_recorder.infra.aiormq_internals import AckFrames  # the frames the lean path queues
 
-    queued = _AckFrames(consuming.channel, [consuming.deliveries[0].tag])
+    queued = AckFrames(consuming.channel, [consuming.deliveries[0].tag])
     assert queued.payload
     await consuming.close_channel_from_the_broker()
     with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import Generator
 from tests.conftest import Broker, RunningRecorder, Services, wait_for
 from tests.faults.audit import audit_run, check_counters, report_for, row_counts
 

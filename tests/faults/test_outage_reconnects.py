@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import Generator
 from settings import Settings
 from tests.conftest import Broker, RunningRecorder, Services, wait_for
 from tests.faults.audit import row_counts, settled_count

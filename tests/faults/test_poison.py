@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bulk_recorder.loadgen import Generator
 from consumer.delivery import ERROR_HEADER
+from consumer.tools.loadgen import Generator
 from tests.conftest import wait_for
 from tests.faults.audit import DATABASE_REFUSED, settled_count
 

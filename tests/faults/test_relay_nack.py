@@ -15,9 +15,10 @@ import logging
 
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
-from bulk_recorder.outbox import RelayConfig, enqueue, notify
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.outbox import enqueue, notify
+from bulk_recorder.producer.relay import RelayConfig
+from consumer.tools.loadgen import Generator
 from tests.conftest import Broker, wait_for
 from tests.integration.producer_support import running_relay
 

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.loadgen import Generator
 from tests.conftest import wait_for
 from tests.faults.audit import row_counts
 

@@ -9,9 +9,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bulk_recorder.loadgen import Generator
+from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import Record
-from bulk_recorder.writer import PgWriter
+from consumer.tools.loadgen import Generator
 from tests.conftest import wait_for
 from tests.faults.audit import audit_run, report_for
 

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 from aio_pika.abc import AbstractChannel
 
-from bulk_recorder.api import create_app
-from bulk_recorder.metrics import Metrics
-from bulk_recorder.outbox import Relay, RelayConfig
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.producer.api import create_app
+from bulk_recorder.producer.relay import Relay, RelayConfig
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 

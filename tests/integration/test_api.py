@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bulk_recorder.loadgen import Generator
 from bulk_recorder.records import CreditAnnotation, decode
+from consumer.tools.loadgen import Generator
 from tests.conftest import free_port, settings_env, wait_for
 from tests.integration.producer_support import api_client, ndjson
 

@@ -17,11 +17,11 @@ from typing import Any, cast
 import asyncpg
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
-from bulk_recorder.outbox import enqueue, notify
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.outbox import enqueue, notify
+from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import Record, Transaction, decode
-from bulk_recorder.writer import PgWriter
+from consumer.tools.loadgen import Generator
 from tests.conftest import settings_env, wait_for
 from tests.integration.producer_support import (
     api_client,

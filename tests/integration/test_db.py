@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from bulk_recorder.db import open_pool_when_ready
+from bulk_recorder.infra.db import open_pool_when_ready
 
 pytestmark = [pytest.mark.postgres]
 

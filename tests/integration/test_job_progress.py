@@ -13,10 +13,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.migrate import migrate
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import CreditAnnotation, decode
-from bulk_recorder.writer import PgWriter
+from consumer.tools.loadgen import Generator
 from tests.conftest import wait_for
 from tests.integration.producer_support import api_client, ndjson, running_relay
 

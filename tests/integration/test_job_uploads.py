@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-import bulk_recorder.api as api_module
-from bulk_recorder.ingest import CSV_COLUMNS
-from bulk_recorder.job_staging import STAGING_TABLE
-from bulk_recorder.loadgen import Generator
+import bulk_recorder.producer.api.jobs as jobs_module
+from bulk_recorder.producer.job_staging import STAGING_TABLE
+from bulk_recorder.producer.parsers import CSV_COLUMNS
+from consumer.tools.loadgen import Generator
 from tests.conftest import free_port, settings_env, wait_for
 from tests.integration.producer_support import api_client, ndjson
 
@@ -211,7 +211,7 @@ async def test_no_transaction_is_open_while_an_upload_waits_for_its_client(
     """Lines already written to the database, the client paused: no session of the database is
     inside a transaction (none holds back vacuum), nothing is visible yet, and once the body
     is complete the job and all its outbox rows appear together."""
-    monkeypatch.setattr(api_module, "COPY_BATCH_ROWS", 5)
+    monkeypatch.setattr(jobs_module, "COPY_BATCH_ROWS", 5)
     settings = make_settings()
     gen = Generator.create(66)
     body = StallingBody(lines(gen, 20), lines(gen, 7))
@@ -246,7 +246,7 @@ async def test_a_database_session_lost_mid_upload_is_503_and_leaves_nothing(
 ) -> None:
     """The upload's session is terminated after lines were staged: the staged lines die with
     it, the client gets 503, and the next upload works on a fresh connection."""
-    monkeypatch.setattr(api_module, "COPY_BATCH_ROWS", 5)
+    monkeypatch.setattr(jobs_module, "COPY_BATCH_ROWS", 5)
     settings = make_settings()
     gen = Generator.create(68)
     body = StallingBody(lines(gen, 10), lines(gen, 10))

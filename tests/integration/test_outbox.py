@@ -18,11 +18,13 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import pytest
 
-import bulk_recorder.api as api_module
-from bulk_recorder.job_staging import STAGING_TABLE, JobStaging
-from bulk_recorder.loadgen import Generator
-from bulk_recorder.outbox import Relay, RelayConfig
+import bulk_recorder.producer.api.jobs as jobs_module
+import bulk_recorder.producer.api.transactions as transactions_module
+from bulk_recorder.producer.job_staging import STAGING_TABLE, JobStaging
+from bulk_recorder.producer.relay import Relay, RelayConfig
+from bulk_recorder.producer.relay_publish import BatchPublisher
 from bulk_recorder.records import decode
+from consumer.tools.loadgen import Generator
 from tests.conftest import settings_env, wait_for
 from tests.faults.proxy import TcpProxy as HoldingProxy
 from tests.integration.producer_support import (
@@ -62,7 +64,7 @@ async def test_failure_between_transaction_request_and_outbox_row_leaves_neither
         raise RuntimeError("injected failure after the request row")
 
     async with api_client(settings, raise_app_exceptions=False) as (client, _):
-        monkeypatch.setattr(api_module, "enqueue", broken_enqueue)
+        monkeypatch.setattr(transactions_module, "enqueue", broken_enqueue)
         failed = await client.post("/v1/transactions", json=tx, headers={"Idempotency-Key": "a"})
         assert failed.status_code == 500
         conn = await db()
@@ -93,7 +95,7 @@ async def test_failure_in_the_middle_of_a_job_copy_leaves_no_job_and_no_outbox_r
             raise RuntimeError("injected failure after the first COPY")
         await real_add(staging, rows)
 
-    monkeypatch.setattr(api_module, "COPY_BATCH_ROWS", 20)
+    monkeypatch.setattr(jobs_module, "COPY_BATCH_ROWS", 20)
     monkeypatch.setattr(JobStaging, "add", add_then_fail)
     async with api_client(settings, raise_app_exceptions=False) as (client, _):
 
@@ -287,7 +289,7 @@ async def test_crash_between_publish_and_delete_only_duplicates(
         assert all(outcome is None for outcome in outcomes)  # every publish was confirmed
         raise SimulatedCrash
 
-    monkeypatch.setattr(Relay, "_settle", crash)
+    monkeypatch.setattr(BatchPublisher, "_settle", crash)
     config = RelayConfig(batch_size=200, lanes=1, poll_interval_s=0.2)
     relay = Relay(settings, config=config)
     task = asyncio.create_task(relay.run(asyncio.Event()))

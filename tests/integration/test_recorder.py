@@ -14,9 +14,9 @@ import pytest
 
 import consumer.app
 import consumer.delivery
-from bulk_recorder.flusher import Delivery
-from bulk_recorder.loadgen import Generator
+from bulk_recorder.recorder.flusher import Delivery
 from consumer.delivery import ERROR_HEADER, AmqpDelivery
+from consumer.tools.loadgen import Generator
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.audit import settled_count
 from tests.integration.producer_support import balances, expected_balances
@@ -317,7 +317,7 @@ async def test_no_delivery_is_acked_before_its_row_is_committed(
 
 
 async def _migrated(dsn: str) -> None:
-    from bulk_recorder.migrate import migrate
+    from bulk_recorder.infra.migrate import migrate
 
     await migrate(dsn)
 

@@ -54,7 +54,7 @@ SORTED_KEYS_TESTS = (
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="ack-before-commit",
-        path="bulk_recorder/flusher.py",
+        path="bulk_recorder/recorder/flusher.py",
         old="                await self._isolate(live, outcome)\n",
         new=(
             "                outcome.committed.extend(live)\n"
@@ -71,7 +71,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="ack-multiple",
-        path="consumer/delivery.py",
+        path="bulk_recorder/infra/aiormq_internals.py",
         old="spec.Basic.Ack(delivery_tag=t)",
         new="spec.Basic.Ack(delivery_tag=t, multiple=True)",
         promise=ACK_AFTER_COMMIT,
@@ -83,7 +83,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="no-on-conflict-transactions",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="          metadata)\nON CONFLICT (id) DO NOTHING\n",
         new="          metadata)\n",
         promise=EXACTLY_ONCE,
@@ -94,7 +94,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="no-on-conflict-annotations",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="reason)\nON CONFLICT (id) DO NOTHING\n",
         new="reason)\n",
         promise=EXACTLY_ONCE,
@@ -105,7 +105,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="balances-for-old-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="deltas = balance_deltas(fresh)",
         new="deltas = balance_deltas(txs)",
         promise=EXACTLY_ONCE,
@@ -117,7 +117,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-balance-keys",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="keys = sorted(deltas)",
         new="keys = list(deltas)",
         promise=REPLICAS,
@@ -126,7 +126,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="unique = sorted(seen.values(), key=_record_id)",
         new="unique = list(seen.values())",
         promise=REPLICAS,
@@ -135,7 +135,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-operation-ids",
-        path="bulk_recorder/writer.py",
+        path="bulk_recorder/recorder/writer.py",
         old="key=lambda pair: pair[0].id",
         new="key=lambda pair: pair[1].id",
         promise=REPLICAS,
@@ -144,7 +144,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="outage-codes-as-data",
-        path="bulk_recorder/errors.py",
+        path="bulk_recorder/infra/errors.py",
         old='_DATA_CLASSES = ("22", "23", "54")',
         new='_DATA_CLASSES = ("22", "23", "54", "40", "57")',
         promise=OUTAGE,
@@ -156,7 +156,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="every-db-error-as-data",
-        path="bulk_recorder/errors.py",
+        path="bulk_recorder/infra/errors.py",
         old='return TransientDbError(f"{type(exc).__name__}: {exc}"[:300])',
         new='return DataRejected(f"{type(exc).__name__}: {exc}"[:300])',
         promise=OUTAGE,
@@ -168,7 +168,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="poison-acked",
-        path="bulk_recorder/flusher.py",
+        path="bulk_recorder/recorder/flusher.py",
         old="outcome.poison.append((items[0], exc.reason))",
         new="outcome.committed.append(items[0])",
         promise=REFUSED_ROW,
@@ -205,18 +205,18 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="outbox-row-deleted-before-the-confirm",
-        path="bulk_recorder/outbox.py",
+        path="bulk_recorder/producer/relay_publish.py",
         old="rows = await conn.fetch(_CLAIM, self.config.batch_size)\n",
         new=(
             "rows = await conn.fetch(_CLAIM, self.config.batch_size)\n"
-            '            await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
+            '        await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
         ),
         promise=PRODUCER,
         tests=(T_OUTBOX + "test_publishes_without_a_confirm_leave_their_rows_in_the_outbox",),
     ),
     Mutant(
         name="job-idempotency-key-not-checked",
-        path="bulk_recorder/api.py",
+        path="bulk_recorder/producer/api/jobs.py",
         old="_INSERT_JOB,\n                        job_id,\n                        key,\n",
         new="_INSERT_JOB,\n                        job_id,\n                        None,\n",
         promise=PRODUCER,
@@ -225,7 +225,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="transaction-idempotency-key-not-checked",
-        path="bulk_recorder/api.py",
+        path="bulk_recorder/producer/api/transactions.py",
         old="_INSERT_REQUEST, record.id, key, request_hash",
         new="_INSERT_REQUEST, record.id, None, request_hash",
         promise=PRODUCER,
@@ -245,7 +245,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="publisher-nack-as-refusal",
-        path="bulk_recorder/outbox.py",
+        path="bulk_recorder/producer/relay_publish.py",
         old="elif isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal):",
         new="elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):",
         promise=NODE_LOSS,
@@ -257,7 +257,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="one-timeout-for-every-database-host",
-        path="bulk_recorder/pg_hosts.py",
+        path="bulk_recorder/infra/pg_hosts.py",
         old='    kwargs.pop("timeout", None)\n    target = parse(dsn)\n',
         new=(
             '    kwargs.pop("timeout", None)\n'

@@ -8,7 +8,7 @@ from typing import Any
 import aio_pika
 import pytest
 
-from bulk_recorder.broker import BrokerNodes, endpoint, split_urls
+from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
 
 URLS = ("amqp://u:pw@n1:5672/", "amqp://u:pw@n2:5672/", "amqp://u:pw@n3:5672/")
 

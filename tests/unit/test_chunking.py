@@ -9,8 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from bulk_recorder.records import CreditAnnotation
-from bulk_recorder.writer import (
+from bulk_recorder.recorder.writer import (
     ANNOTATION_COLUMNS,
     OPERATION_COLUMNS,
     PG_MAX_PARAMETERS,
@@ -19,6 +18,7 @@ from bulk_recorder.writer import (
     dedupe_sorted,
     rows_per_insert,
 )
+from bulk_recorder.records import CreditAnnotation
 
 
 @pytest.mark.parametrize(

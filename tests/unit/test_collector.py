@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from bulk_recorder.collector import BulkCollector
+from bulk_recorder.recorder.collector import BulkCollector
 
 Batches = list[tuple[list[int], str]]
 

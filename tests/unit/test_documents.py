@@ -1,4 +1,4 @@
-"""CPF/CNPJ normalisation and check digits (bulk_recorder.documents)."""
+"""CPF/CNPJ normalisation and check digits (bulk_recorder.records.documents)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bulk_recorder.documents import CNPJ, CPF, normalize_document
+from bulk_recorder.records.documents import CNPJ, CPF, normalize_document
 
 FORMAT_ERROR = "must be a CPF (11 digits) or CNPJ (14 characters)"
 

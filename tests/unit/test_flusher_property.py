@@ -35,19 +35,20 @@ from hypothesis import strategies as st
 from pamqp import commands
 from pamqp.header import ContentHeader
 
-from bulk_recorder import flusher as flusher_module
-from bulk_recorder.collector import BulkCollector
-from bulk_recorder.errors import DataRejected, TransientDbError
-from bulk_recorder.flusher import Backoff, Flusher, Pending
-from bulk_recorder.metrics import Metrics
-from bulk_recorder.records import CreditAnnotation, Record
-from bulk_recorder.writer import (
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.errors import DataRejected, TransientDbError
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.recorder import flusher as flusher_module
+from bulk_recorder.recorder.collector import BulkCollector
+from bulk_recorder.recorder.flusher import Flusher, Pending
+from bulk_recorder.recorder.writer import (
     PG_MAX_PARAMETERS,
     WriteResult,
     chunked,
     dedupe_sorted,
     rows_per_insert,
 )
+from bulk_recorder.records import CreditAnnotation, Record
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
 from tests.faults.amqp_tap import FrameReader
 

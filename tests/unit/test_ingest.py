@@ -10,19 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bulk_recorder.ingest import (
+from bulk_recorder.producer.ingest import JobIntake, TooManyLines
+from bulk_recorder.producer.parsers import (
     CSV_COLUMNS,
     CsvParser,
     FormatError,
-    JobIntake,
     JsonArrayParser,
     LineParser,
     NdjsonParser,
-    TooManyLines,
     parser_for,
 )
-from bulk_recorder.loadgen import Generator
 from bulk_recorder.records import decode
+from consumer.tools.loadgen import Generator
 
 A = {
     "id": "0193a3c4-0000-7000-8000-000000000001",
@@ -216,7 +215,7 @@ def test_the_limit_is_checked_before_the_chunk_is_validated(
         calls += 1
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr("bulk_recorder.ingest.decode", counting_decode)
+    monkeypatch.setattr("bulk_recorder.producer.ingest.decode", counting_decode)
     body = b"".join(ndjson_line(o) for o in sample_annotations(5))
     intake = JobIntake(JOB, NdjsonParser(LIMIT), max_body_bytes=LIMIT, max_lines=3)
     with pytest.raises(TooManyLines):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bulk_recorder.pg_hosts import DEFAULT_HOST_TIMEOUT_S, parse
+from bulk_recorder.infra.pg_hosts import DEFAULT_HOST_TIMEOUT_S, parse
 
 
 def test_each_host_gets_its_own_url_with_every_other_part_kept() -> None:

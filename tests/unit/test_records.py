@@ -13,7 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bulk_recorder import records
 from bulk_recorder.records import (
     DEFAULT_MAX_BODY_BYTES,
     RECORD_TYPES,
@@ -23,6 +22,7 @@ from bulk_recorder.records import (
     Transaction,
     decode,
 )
+from bulk_recorder.records import validation as records
 
 TX_ID = "0193a3c4-5b6e-7f80-9a1b-2c3d4e5f6a7b"
 ORG_ID = "0193a3c4-0000-7000-8000-000000000001"

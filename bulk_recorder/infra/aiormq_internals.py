@@ -1,0 +1,110 @@
+"""The one module that knows aiormq's internals: everything else calls its narrow interface.
+
+The recorder's lean path writes past aiormq's public API in two places, and only here:
+
+- :func:`write_acks` marshals a batch's Basic.Ack frames (pamqp's codec, aiormq's
+  ``ChannelFrame``) and puts them on the connection's ``write_queue`` as one buffer, checking
+  when the writer takes them that the channel is not closing (:func:`channel_closing` reads
+  the connection's ``channels`` map and the channel's private close event);
+- :func:`unblock_writers` empties a dead connection's ``write_queue`` so that callers waiting
+  for room in it wake up.
+
+aiormq and pamqp are held to a minor version in pyproject.toml for these reasons. The layout
+test (tests/unit/test_layout.py) fails if another module names these private attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import aiormq
+from aiormq.abc import AbstractChannel, ChannelFrame
+from pamqp import commands as spec
+
+log = logging.getLogger("consumer.delivery")  # the name the ack lines have always carried
+
+__all__ = ["CHANNEL_GONE", "AckFrames", "channel_closing", "unblock_writers", "write_acks"]
+
+# What a write on a channel whose connection or channel went away raises.
+CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+
+
+# -- the lean path's writes into aiormq ------------------------------------------------------
+# aiormq's basic_ack refuses a channel that is closed or closing; the lean path writes its ack
+# frames into the connection's write queue itself, so it must make the same check, and make it
+# when the connection's writer takes the frames, not when they are queued: a put can wait for
+# room while the broker's Channel.Close arrives. A Basic.Ack that reaches the broker after the
+# channel's Close/Close-Ok makes it close the whole connection (504 CHANNEL_ERROR "expected
+# 'channel.open'"), and one on a channel number that a new channel took would ack another
+# delivery. tests/faults/test_lean_acks.py makes the first happen.
+
+
+def channel_closing(channel: AbstractChannel) -> bool:
+    """The channel is closed or closing: no frame of ours may be written on its number now.
+
+    Closing starts when the broker's Channel.Close or Close-Ok arrives (the connection's reader
+    then frees the number: ``channels`` no longer maps it to this channel) or when aiormq sends
+    a Channel.Close itself after a failed RPC (its private close event, the flag its own
+    basic_ack checks).
+    """
+    return (
+        channel.is_closed
+        or channel.connection.channels.get(channel.number) is not channel
+        or getattr(channel, "_Channel__close_event").is_set()  # noqa: B009 (a private name)
+    )
+
+
+class AckFrames:
+    """Basic.Ack frames for aiormq's connection writer, dropped if their channel began closing
+    before the writer takes them. The writer uses ``payload``, ``should_close``,
+    ``should_drain`` and ``drain()`` of what it takes from ``write_queue`` (aiormq 7's
+    ``ChannelFrame`` interface); the check runs in ``payload``, read just before the write."""
+
+    __slots__ = ("_channel", "_payload")
+
+    should_close = False
+    should_drain = False
+
+    def __init__(self, channel: AbstractChannel, tags: Sequence[int]) -> None:
+        self._channel = channel
+        frames = [spec.Basic.Ack(delivery_tag=t) for t in tags]
+        self._payload = ChannelFrame.marshall(channel.number, frames).payload
+
+    @property
+    def payload(self) -> bytes:
+        if channel_closing(self._channel):
+            log.debug("acks for channel %s dropped: the channel is closing", self._channel.number)
+            return b""
+        return self._payload
+
+    def drain(self) -> None:
+        return None
+
+
+async def write_acks(channel: AbstractChannel, tags: Sequence[int]) -> bool:
+    """Queue one Basic.Ack per tag on ``channel``; False if the channel is closed or closing."""
+    if channel_closing(channel):
+        return False
+    try:
+        await channel.connection.write_queue.put(AckFrames(channel, tags))
+    except CHANNEL_GONE:
+        return False
+    return True
+
+
+async def unblock_writers(channel: AbstractChannel) -> None:
+    """Wake every call still waiting for room in a closed connection's write queue.
+
+    aiormq's write queue is bounded (10 frames) and not tied to the channel's close: when the
+    connection dies while the queue is full, a basic_ack or basic_publish waiting for room is
+    never woken and holds its flush worker forever (one worker lost per broker cut, found by
+    tests/faults/test_broker_cut.py). Emptying the queue lets each waiting call put its frame,
+    which goes nowhere, and return; the broker redelivers the dead channel's unacked messages.
+    """
+    queue = channel.connection.write_queue
+    while not queue.empty():
+        while not queue.empty():
+            queue.get_nowait()
+        await asyncio.sleep(0)  # the woken callers put their frames now

@@ -1,0 +1,123 @@
+"""What a broker that is away looks like to aio-pika and aiormq, and which node to try next.
+
+One tuple for every loop that connects to RabbitMQ (the recorder, the relay, the DLQ tools), so
+that they all treat the same failures as "reconnect later" rather than as a crash; and one
+:class:`BrokerNodes` for every command, so that a cluster given as several URLs is used the same
+way everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from urllib.parse import urlsplit
+
+import aio_pika
+import aiormq
+
+log = logging.getLogger("bulk_recorder.broker")  # the name logs have always carried
+
+# StopAsyncIteration and EOFError: when the peer closes the socket (FIN) right after accepting it,
+# as a proxy or a load balancer with no healthy backend does, aiormq's frame reader finds the
+# stream at EOF before the first frame and raises StopAsyncIteration out of connect(); a close in
+# the middle of a frame surfaces as IncompleteReadError (an EOFError). RuntimeError: aiormq's
+# "connection closed" paths on a channel whose connection has gone.
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+    EOFError,
+    StopAsyncIteration,
+    RuntimeError,
+)
+
+
+def cancel_requested() -> bool:
+    """True when the running task was asked to stop (``Task.cancel()``: shutdown, a caller).
+
+    Only ``Task.cancel()`` counts a request in ``Task.cancelling()`` (Python 3.11). aiormq fails
+    the futures of a connection it gives up with ``CancelledError`` set as their exception (and
+    cancels its own RPC tasks, not ours), which leaves the count at 0: a CancelledError seen
+    while this is False means "the broker is gone", and the caller must handle it as a broker
+    failure instead of ending.
+    """
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+@contextlib.contextmanager
+def broker_failures_suppressed() -> Iterator[None]:
+    """Suppress what a broker that is gone raises, ``CancelledError`` from aiormq included;
+    a real cancellation of the running task still propagates."""
+    try:
+        yield
+    except BROKER_ERRORS as exc:
+        log.debug("broker call failed: %r", exc)
+    except asyncio.CancelledError:
+        if cancel_requested():
+            raise
+        log.debug("broker call failed: the connection was given up")
+
+
+def split_urls(value: str) -> tuple[str, ...]:
+    """The node URLs of a ``RABBITMQ_URL`` that may list several, comma-separated."""
+    return tuple(part.strip() for part in value.split(","))
+
+
+def endpoint(url: str) -> str:
+    """``host:port/vhost`` of an AMQP URL, without user or password (for logs)."""
+    parts = urlsplit(url)
+    return f"{parts.netloc.rpartition('@')[2]}{parts.path or '/'}"
+
+
+class BrokerNodes:
+    """The nodes of a RabbitMQ cluster, tried one at a time.
+
+    ``connect()`` starts at a random node, so that the replicas of a service spread their
+    connections over the cluster, and moves to the next node when a connect fails. After a
+    connection is lost the caller connects again and gets the node after the one it lost: a
+    node that just died is tried last. One URL behaves exactly as a plain ``aio_pika.connect``.
+    """
+
+    def __init__(self, urls: Sequence[str], *, rng: random.Random | None = None) -> None:
+        if not urls:
+            raise ValueError("at least one broker URL is needed")
+        self.urls = tuple(urls)
+        self._next = (rng or random.Random()).randrange(len(self.urls))
+        self.current: str | None = None
+
+    @classmethod
+    def from_setting(cls, value: str) -> BrokerNodes:
+        return cls(split_urls(value))
+
+    def order(self) -> list[str]:
+        """The URLs in the order the next ``connect()`` tries them."""
+        n = len(self.urls)
+        return [self.urls[(self._next + i) % n] for i in range(n)]
+
+    async def connect(self, *, wait_s: float = 10) -> aio_pika.abc.AbstractConnection:
+        """Connect to the first node that answers; raise the last node's error if none does.
+
+        ``wait_s`` bounds each node's connect (aio-pika's own timeout)."""
+        error: BaseException | None = None
+        for url in self.order():
+            self._next = (self.urls.index(url) + 1) % len(self.urls)
+            if len(self.urls) > 1:
+                log.info("connecting to RabbitMQ node %s", endpoint(url))
+            try:
+                connection = await aio_pika.connect(url, timeout=wait_s)
+            except BROKER_ERRORS as exc:
+                error = exc
+                if len(self.urls) > 1:
+                    log.warning("RabbitMQ node %s failed: %r", endpoint(url), exc)
+                continue
+            self.current = url
+            if len(self.urls) > 1:
+                log.info("connected to RabbitMQ node %s", endpoint(url))
+            return connection
+        assert error is not None
+        raise error

@@ -1,0 +1,95 @@
+"""Opening the database for a long-running process: migrate, then a pool, retried until ready.
+
+Shared by the recorder and the relay, which both start whether or not PostgreSQL is up yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import asyncpg
+
+from bulk_recorder.infra import pg_hosts
+from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.migrate import migrate
+
+log = logging.getLogger("bulk_recorder.db")  # the name logs have always carried
+
+# What a database that is away looks like to asyncpg. InternalClientError is what it raises on
+# a pooled connection the server has just terminated.
+DB_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+# A held (partitioned) connection is noticed after this long, then retried as an outage. It is
+# asyncpg's client-side command_timeout, not a server-side statement_timeout: it also covers a
+# connection whose packets are lost, where the server never sees the statement at all. The
+# recorder takes it from BULK_RECORDER_DB_COMMAND_TIMEOUT_S.
+COMMAND_TIMEOUT_S = 15.0
+
+
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, or less if ``stop`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def wait_any(*events: asyncio.Event, seconds: float | None = None) -> None:
+    """Until one of ``events`` is set, or ``seconds`` passed."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+
+
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing beyond what asyncpg always does first.
+
+    asyncpg rolls back a transaction left open before it calls this, whatever it does. Our pool
+    connections only run statements inside transactions: no SET, no LISTEN, no advisory lock,
+    no cursor outside a transaction (the relay LISTENs, and migrate locks, on connections of
+    their own). So the default reset (advisory unlock all, CLOSE ALL, UNLISTEN *, RESET ALL),
+    one more round trip and statement for the server on every flush, has nothing to undo.
+    """
+
+
+async def open_pool_when_ready(
+    dsn: str,
+    *,
+    max_size: int,
+    stop: asyncio.Event,
+    command_timeout: float = COMMAND_TIMEOUT_S,
+) -> asyncpg.Pool | None:
+    """Migrate and open a pool, retrying with backoff; None if ``stop`` is set first.
+
+    Every command on the pool fails with ``TimeoutError`` after ``command_timeout`` seconds
+    without an answer (an outage to the callers, never bad data).
+    """
+    backoff = Backoff(base_s=0.2, cap_s=5.0)
+    attempt = 0
+    while not stop.is_set():
+        try:
+            await migrate(dsn)
+            return await asyncpg.create_pool(
+                dsn,
+                min_size=1,
+                max_size=max_size,
+                command_timeout=command_timeout,
+                reset=keep_session,
+                connect=pg_hosts.connect,
+            )
+        except DB_ERRORS as exc:
+            log.warning("database not reachable yet (%r); retrying", exc)
+        except Exception:  # a surprise from the driver must not end the service
+            log.exception("unexpected error while connecting to the database; retrying")
+        await wait_or_stop(stop, backoff.delay(attempt))
+        attempt += 1
+    return None

@@ -1,0 +1,148 @@
+"""Every Prometheus metric of the service in one container (prefix ``bulk_recorder_``).
+
+Tests pass a fresh :class:`CollectorRegistry` so that runs never share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+TABLES = ("transactions", "operations", "credit_annotations", "balances")
+FLUSH_REASONS = ("size", "timeout", "shutdown")
+
+_SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The contract metrics of DESIGN.md section 6, plus a few that operators ask for."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        p = "bulk_recorder_"
+        self._delivery_metrics(r, p)
+        self._write_metrics(r, p)
+        self._producer_metrics(r, p)
+        for table in TABLES:
+            for counter in (self.rows_attempted, self.rows_inserted, self.rows_ignored):
+                counter.labels(table=table)
+        for reason in FLUSH_REASONS:
+            self.flushes.labels(reason=reason)
+
+    def _delivery_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """The recorder's deliveries: received, acked, rejected, released, dropped, DLQ."""
+        self.messages_received = Counter(
+            p + "messages_received", "Deliveries received from the broker.", registry=r
+        )
+        self.messages_acked = Counter(
+            p + "messages_acked", "Deliveries acked (after their rows were committed).", registry=r
+        )
+        self.messages_rejected = Counter(
+            p + "messages_rejected",
+            "Deliveries rejected with requeue after PostgreSQL refused their row.",
+            registry=r,
+        )
+        self.messages_released = Counter(
+            p + "messages_released",
+            "Deliveries released during a long database outage, a shutdown, or while the DLQ "
+            "refused them: a copy republished to the queue, then an ack (a nack with requeue "
+            "only if the broker refused the copy too).",
+            registry=r,
+        )
+        self.messages_dropped = Counter(
+            p + "messages_dropped",
+            "Deliveries of a dead channel dropped un-acked; the broker redelivers them.",
+            registry=r,
+        )
+        self.messages_dead_lettered = Counter(
+            p + "messages_dead_lettered",
+            "Messages sent to the dead-letter queue, by reason class.",
+            ["reason"],
+            registry=r,
+        )
+
+    def _write_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """The recorder's writes: rows, flushes, fallbacks, retries, buffer, pause, reconnects."""
+        self.rows_attempted = Counter(
+            p + "rows_attempted", "Rows offered to INSERT.", ["table"], registry=r
+        )
+        self.rows_inserted = Counter(
+            p + "rows_inserted", "Rows newly inserted.", ["table"], registry=r
+        )
+        self.rows_ignored = Counter(
+            p + "rows_ignored",
+            "Rows skipped as duplicates (ON CONFLICT DO NOTHING or repeated in one flush).",
+            ["table"],
+            registry=r,
+        )
+        self.flushes = Counter(p + "flushes", "Flushes by trigger.", ["reason"], registry=r)
+        self.flush_size = Histogram(
+            p + "flush_size", "Messages per flush.", buckets=_SIZE_BUCKETS, registry=r
+        )
+        self.flush_duration = Histogram(
+            p + "flush_duration_seconds",
+            "Time from the start of a flush's DB transaction to its acks.",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.fallback = Counter(
+            p + "fallback", "Batches split to isolate rows that PostgreSQL refused.", registry=r
+        )
+        self.buffer_messages = Gauge(
+            p + "buffer_messages", "Deliveries buffered and not yet acked.", registry=r
+        )
+        self.db_retries = Counter(
+            p + "db_retries", "Flush attempts retried after a transient database error.", registry=r
+        )
+        self.paused = Gauge(p + "paused", "1 while the database is unreachable.", registry=r)
+        self.broker_reconnects = Counter(
+            p + "broker_reconnects", "Connections to the broker re-established.", registry=r
+        )
+
+    def _producer_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """Producer side: the outbox relay and the ingest API."""
+        self.outbox_backlog = Gauge(
+            p + "outbox_backlog",
+            "Outbox rows waiting to be published (parked excluded).",
+            registry=r,
+        )
+        self.outbox_oldest_age = Gauge(
+            p + "outbox_oldest_age_seconds",
+            "Age of the oldest outbox row waiting to be published; 0 when there is none.",
+            registry=r,
+        )
+        self.outbox_published = Counter(
+            p + "outbox_published",
+            "Outbox rows published with a broker confirm and then deleted.",
+            registry=r,
+        )
+        self.outbox_publish_failures = Counter(
+            p + "outbox_publish_failures",
+            "Publishes without a confirm (refused by the broker, nacked by it, or lost with the "
+            "connection or to a timeout); "
+            "their rows stay in the outbox.",
+            ["reason"],
+            registry=r,
+        )
+        self.outbox_parked = Counter(
+            p + "outbox_parked",
+            "Outbox rows parked after the broker refused them too often (not retried).",
+            registry=r,
+        )
+        self.api_requests = Counter(
+            p + "api_requests", "API requests by route and status.", ["route", "status"], registry=r
+        )
+        self.api_request_duration = Histogram(
+            p + "api_request_duration_seconds",
+            "API request duration, until the response is sent.",
+            ["route"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.api_job_lines = Counter(
+            p + "api_job_lines",
+            "Credit-annotation job lines by outcome (accepted or rejected).",
+            ["outcome"],
+            registry=r,
+        )

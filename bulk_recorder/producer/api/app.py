@@ -1,0 +1,187 @@
+"""The ingest API: an ASGI app (FastAPI) that accepts transactions and credit-annotation jobs.
+
+Routes (OpenAPI at ``/openapi.json``, browsable at ``/docs``):
+
+- ``POST /v1/transactions``: one transaction message (DESIGN.md section 4), validated with
+  :func:`bulk_recorder.records.decode` like the recorder does. ``RABBITMQ_TRANSACTION_ASYNC=true``:
+  the request row and an outbox row are written in ONE database transaction, answer 202 (the
+  relay publishes it, the recorder records it). ``false``: the transaction, its operations and
+  its balance effects are written at once by :class:`PgWriter`, answer 201. Either way a repeat
+  of the same id or ``Idempotency-Key`` is answered with the first outcome, never a second row.
+- ``POST /v1/credit-annotation-jobs``: JSON array, NDJSON or CSV, streamed; each line validated
+  with ``decode``; accepted lines are staged as they arrive (COPY, short transactions: see
+  :mod:`bulk_recorder.job_staging`), and once the body is complete the job row and all its
+  outbox rows are written in one database transaction; answer 202 with the job id, counts and
+  rejected lines. Always asynchronous. Bounded: ``API_MAX_JOB_BYTES`` (413), every line counts
+  toward the line limit (413), ``API_BODY_TIMEOUT_S`` and ``API_UPLOAD_TIMEOUT_S`` (408).
+- ``GET /v1/credit-annotation-jobs/{id}``: status and progress.
+- ``/healthz`` (alive), ``/readyz`` (database reachable), ``/metrics`` (Prometheus).
+
+Bad input gets a 4xx with a precise ``detail``; an unreachable database gets 503 with
+``Retry-After``. The broker is not needed to accept work: that is what the outbox is for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+import asyncpg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from bulk_recorder.infra import pg_hosts
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.api.context import ApiContext
+from bulk_recorder.producer.api.errors import ApiError
+from bulk_recorder.producer.api.models import CreditAnnotationIn, TransactionIn
+from bulk_recorder.producer.api.routes import (
+    add_job_routes,
+    add_operation_routes,
+    add_transaction_routes,
+)
+from settings import Settings
+
+log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+
+__all__ = ["ApiError", "create_app"]
+
+API_VERSION: Final = "1.0.0"
+DEFAULT_MAX_JOB_LINES: Final = 1_000_000
+
+
+class _Api(FastAPI):
+    """FastAPI with the schemas of the raw (decode-validated) request bodies in components."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema:
+            return self.openapi_schema
+        schema = super().openapi()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (TransactionIn, CreditAnnotationIn):
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+        return schema
+
+
+# -- the app ----------------------------------------------------------------------------------
+
+
+def create_app(
+    settings: Settings,
+    *,
+    metrics: Metrics | None = None,
+    max_job_lines: int = DEFAULT_MAX_JOB_LINES,
+    pool_max_size: int = 10,
+) -> FastAPI:
+    """Build the ASGI app. The lifespan migrates the schema and opens the connection pool."""
+    ctx = ApiContext(settings, metrics or Metrics(), max_job_lines, pool_max_size)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await migrate(settings.database_url)
+        ctx.pool = await asyncpg.create_pool(
+            settings.database_url,
+            min_size=1,
+            max_size=pool_max_size,
+            command_timeout=60,
+            connect=pg_hosts.connect,
+        )
+        mode = "async (outbox, 202)" if settings.rabbitmq_transaction_async else "sync (201)"
+        log.info("ingest API ready: transactions %s", mode)
+        try:
+            yield
+        finally:
+            pool, ctx.pool = ctx.pool, None
+            try:
+                await asyncio.wait_for(pool.close(), 10)
+            except TimeoutError:
+                pool.terminate()
+
+    app = _Api(
+        title="bulk-recorder ingest API",
+        version=API_VERSION,
+        description=__doc__,
+        lifespan=lifespan,
+    )
+    app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
+    _add_error_handlers(app)
+    add_operation_routes(app, ctx)
+    add_transaction_routes(app, ctx)
+    add_job_routes(app, ctx)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": exc.detail, **exc.extra}, status_code=exc.status, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error.get("loc", ()))
+            parts.append(f"{where}: {error.get('msg', 'invalid')}")
+        return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(ClientDisconnect)
+    async def on_disconnect(_request: Request, _exc: ClientDisconnect) -> Response:
+        log.info("client disconnected before the body was complete; nothing stored")
+        return Response(status_code=400)
+
+
+# -- metrics middleware -------------------------------------------------------------------------
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class MetricsMiddleware:
+    """Counts requests by route template and status, and times them (pure ASGI: no buffering)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_see(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_see)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.api_requests.labels(route=route, status=str(status)).inc()
+            self.metrics.api_request_duration.labels(route=route).observe(
+                time.perf_counter() - started
+            )

@@ -1,0 +1,59 @@
+"""What every request handler shares: settings, metrics, the pool, job slots; and the answer
+to a database failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from bulk_recorder.infra.errors import (
+    DataRejected,
+    TransientDbError,
+    classify,
+    renew_if_server_gone,
+)
+from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.producer.api.errors import ApiError
+from settings import Settings
+
+log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+
+
+@dataclass
+class ApiContext:
+    settings: Settings
+    metrics: Metrics
+    max_job_lines: int
+    pool_max_size: int
+    pool: asyncpg.Pool | None = None
+    recorded_cache: dict[uuid.UUID, tuple[float, int]] = field(default_factory=dict)
+    # A job upload holds a pooled connection (its staging table's session, never an open
+    # transaction) for as long as the client sends, within the body timeouts; at most half the
+    # pool does, so that single transactions and status reads always find one.
+    job_slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.job_slots = asyncio.Semaphore(max(1, self.pool_max_size // 2))
+
+    @property
+    def db(self) -> asyncpg.Pool:
+        if self.pool is None:
+            raise ApiError(503, "database unavailable; retry later", headers={"Retry-After": "1"})
+        return self.pool
+
+
+async def db_failure(ctx: ApiContext, exc: BaseException) -> ApiError:
+    """The answer to a database failure; a server that refuses writes gets the pool renewed."""
+    await renew_if_server_gone(ctx.pool, exc)
+    err = exc if isinstance(exc, DataRejected | TransientDbError) else classify(exc)
+    if isinstance(err, DataRejected):
+        status = 409 if err.reason.startswith("23505") else 422
+        return ApiError(status, f"refused by the database: {err.reason}")
+    log.warning("database unavailable: %s", err)
+    log.debug("database failure", exc_info=exc)
+    return ApiError(503, "database unavailable; retry later", headers={"Retry-After": "1"})

@@ -1,0 +1,297 @@
+"""Credit-annotation jobs behind their routes: staging an upload, storing the job with its
+outbox rows in one transaction, answering repeats, and reading a job's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from typing import Any, Final, Literal
+
+import asyncpg
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
+
+from bulk_recorder.infra.db import DB_ERRORS
+from bulk_recorder.infra.errors import (
+    DataRejected,
+    TransientDbError,
+)
+from bulk_recorder.infra.ids import uuid7
+from bulk_recorder.producer.api.body import body_chunks, check_declared_length
+from bulk_recorder.producer.api.context import ApiContext, db_failure
+from bulk_recorder.producer.api.errors import (
+    CLOSE_CONNECTION,
+    REPLAYED_HEADER,
+    ApiError,
+    json_response,
+)
+from bulk_recorder.producer.api.models import JobAccepted, JobStatus, LineRejection
+from bulk_recorder.producer.ingest import JobIntake, TooManyLines
+from bulk_recorder.producer.job_staging import JobStaging
+from bulk_recorder.producer.outbox import notify
+from bulk_recorder.producer.parsers import FormatError, parser_for
+
+log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+
+COPY_BATCH_ROWS: Final = 5_000  # accepted lines staged per COPY
+FEED_SLICE_BYTES: Final = 16_384  # ~60 annotation lines, ~1 ms of validation
+# A job's recorded count is a count(*) over its rows (300,000 at the end of the main job): one
+# count a second per job serves any number of clients polling for a progress bar.
+RECORDED_COUNT_TTL_S: Final = 1.0
+_RECORDED_CACHE_MAX: Final = 10_000
+
+# Written once the body is complete, in the transaction that moves its staged lines into the
+# outbox: a job is never visible before all its outbox rows are.
+_INSERT_JOB = """
+INSERT INTO credit_annotation_jobs (id, idempotency_key, content_type, accepted, rejected,
+                                    rejections, rejections_truncated, request_hash)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING true
+"""
+_JOB_BY_KEY = "SELECT * FROM credit_annotation_jobs WHERE idempotency_key = $1"
+_JOB_BY_ID = "SELECT * FROM credit_annotation_jobs WHERE id = $1"
+# A job's recorded lines: its own rows, plus its lines whose id was already stored (under another
+# job or none), which the recorder lists in credit_annotation_job_repeats.
+_RECORDED = """
+SELECT (SELECT count(*) FROM credit_annotations WHERE job_id = $1)
+     + (SELECT count(*) FROM credit_annotation_job_repeats WHERE job_id = $1)
+"""
+_COMPLETE_JOB = """
+UPDATE credit_annotation_jobs SET recorded = $2, completed_at = clock_timestamp()
+WHERE id = $1 AND completed_at IS NULL
+RETURNING completed_at
+"""
+
+
+def _job_accepted(row: asyncpg.Record | dict[str, Any]) -> JobAccepted:
+    rejections = row["rejections"]
+    if isinstance(rejections, str):
+        rejections = json.loads(rejections)
+    job_id = str(row["id"])
+    return JobAccepted(
+        id=job_id,
+        accepted=row["accepted"],
+        rejected=row["rejected"],
+        rejections=[LineRejection(line=r[0], reason=r[1]) for r in rejections],
+        rejections_truncated=row["rejections_truncated"],
+        status_url=f"/v1/credit-annotation-jobs/{job_id}",
+    )
+
+
+def _replay_job(row: asyncpg.Record, request_hash: bytes) -> Response:
+    if row["request_hash"] is None or bytes(row["request_hash"]) != request_hash:
+        raise ApiError(422, "Idempotency-Key was already used for a different request body")
+    accepted = _job_accepted(row)
+    return json_response(202, accepted, Location=accepted.status_url, **{REPLAYED_HEADER: "true"})
+
+
+async def accept_job(
+    ctx: ApiContext, request: Request, fmt: str, media: str, key: str | None
+) -> Response:
+    limit = ctx.settings.api_max_job_bytes
+    check_declared_length(request, limit)  # before a slot or a connection is taken
+    hasher = hashlib.sha256(fmt.encode() + b"\0")
+    if key is not None:
+        try:
+            async with ctx.db.acquire(timeout=10) as conn:
+                prior = await conn.fetchrow(_JOB_BY_KEY, key)
+        except DB_ERRORS as exc:
+            raise await db_failure(ctx, exc) from None
+        if prior is not None:
+            async with contextlib.aclosing(body_chunks(request, limit, ctx.settings)) as chunks:
+                async for chunk in chunks:
+                    hasher.update(chunk)
+            return _replay_job(prior, hasher.digest())
+    if ctx.job_slots.locked():
+        raise ApiError(
+            503, "too many job uploads in progress; retry later", headers={"Retry-After": "5"}
+        )
+    async with ctx.job_slots:
+        return await _store_job(ctx, request, fmt, media, key, hasher)
+
+
+async def _stage_body(
+    ctx: ApiContext, request: Request, intake: JobIntake, staging: JobStaging, hasher: Any
+) -> None:
+    """Read, validate and stage the whole body; the intake then holds the job's counts."""
+    body = body_chunks(request, ctx.settings.api_max_job_bytes, ctx.settings)
+    async with contextlib.aclosing(body) as chunks:
+        async for chunk in chunks:
+            hasher.update(chunk)
+            # Validation is CPU work on the event loop: a slice at a time, with a turn of the
+            # loop in between, so other requests wait ~1 ms rather than a whole chunk.
+            for start in range(0, len(chunk), FEED_SLICE_BYTES):
+                intake.feed(chunk[start : start + FEED_SLICE_BYTES])
+                await asyncio.sleep(0)
+            if len(intake.rows) >= COPY_BATCH_ROWS:
+                await staging.add(intake.take_rows())
+    intake.finish()
+    if intake.accepted == 0:
+        raise _no_valid_line(intake)
+    rows = intake.take_rows()
+    if rows:
+        await staging.add(rows)
+    await staging.flush()
+
+
+async def _store_job(
+    ctx: ApiContext,
+    request: Request,
+    fmt: str,
+    media: str,
+    key: str | None,
+    hasher: Any,
+) -> Response:
+    s = ctx.settings
+    job_id = uuid7()
+    intake = JobIntake(
+        job_id,
+        parser_for(fmt, s.bulk_recorder_max_message_bytes),
+        max_body_bytes=s.bulk_recorder_max_message_bytes,
+        max_lines=ctx.max_job_lines,
+    )
+    started = time.perf_counter()
+    body_done = started
+    prior: asyncpg.Record | None = None
+    try:
+        async with ctx.db.acquire(timeout=10) as conn:
+            staging = JobStaging(conn)
+            await staging.open()
+            try:
+                await _stage_body(ctx, request, intake, staging, hasher)
+                body_done = time.perf_counter()
+                async with conn.transaction():
+                    stored = await conn.fetchval(
+                        _INSERT_JOB,
+                        job_id,
+                        key,
+                        media,
+                        intake.accepted,
+                        intake.rejected,
+                        json.dumps(intake.rejections),
+                        intake.rejections_truncated,
+                        hasher.digest(),
+                    )
+                    if stored:
+                        await staging.publish(job_id)
+                        await notify(conn)
+                    else:  # another upload with this key completed first: answer with its job
+                        prior = await conn.fetchrow(_JOB_BY_KEY, key)
+            except BaseException:
+                await staging.discard()
+                raise
+            if prior is not None:
+                await staging.discard()
+                return _replay_job(prior, hasher.digest())
+    except FormatError as exc:
+        raise ApiError(400, str(exc)) from None
+    except TooManyLines as exc:
+        raise ApiError(413, str(exc), headers=CLOSE_CONNECTION) from None
+    except (ApiError, ClientDisconnect):
+        raise
+    except (DataRejected, TransientDbError, *DB_ERRORS) as exc:
+        raise await db_failure(ctx, exc) from None
+    return _stored(ctx, job_id, intake, started, body_done)
+
+
+def _stored(
+    ctx: ApiContext, job_id: str, intake: JobIntake, started: float, body_done: float
+) -> Response:
+    """The 202 for a job just stored: counted, logged with its timings, answered."""
+    ctx.metrics.api_job_lines.labels(outcome="accepted").inc(intake.accepted)
+    ctx.metrics.api_job_lines.labels(outcome="rejected").inc(intake.rejected)
+    done = time.perf_counter()
+    log.info(
+        "job %s accepted: %d lines accepted, %d rejected, in %.2f s (body %.2f s, outbox %.2f s)",
+        job_id,
+        intake.accepted,
+        intake.rejected,
+        done - started,
+        body_done - started,
+        done - body_done,
+    )
+    accepted = JobAccepted(
+        id=job_id,
+        accepted=intake.accepted,
+        rejected=intake.rejected,
+        rejections=[LineRejection(line=n, reason=r) for n, r in intake.rejections],
+        rejections_truncated=intake.rejections_truncated,
+        status_url=f"/v1/credit-annotation-jobs/{job_id}",
+    )
+    return json_response(202, accepted, Location=accepted.status_url)
+
+
+def _no_valid_line(intake: JobIntake) -> ApiError:
+    detail = "no valid line in the job" if intake.rejected else "the job has no lines"
+    return ApiError(
+        422,
+        detail,
+        extra={
+            "rejected": intake.rejected,
+            "rejections": [{"line": n, "reason": r} for n, r in intake.rejections],
+            "rejections_truncated": intake.rejections_truncated,
+        },
+    )
+
+
+async def _recorded(
+    ctx: ApiContext, conn: asyncpg.pool.PoolConnectionProxy, job_id: uuid.UUID
+) -> int:
+    """The job's recorded rows, counted at most once every RECORDED_COUNT_TTL_S."""
+    now = time.monotonic()
+    cached = ctx.recorded_cache.get(job_id)
+    if cached is not None and now - cached[0] < RECORDED_COUNT_TTL_S:
+        return cached[1]
+    recorded = int(await conn.fetchval(_RECORDED, job_id))
+    if len(ctx.recorded_cache) >= _RECORDED_CACHE_MAX:
+        ctx.recorded_cache.clear()
+    ctx.recorded_cache[job_id] = (now, recorded)
+    return recorded
+
+
+async def job_status(ctx: ApiContext, job_id: uuid.UUID) -> JobStatus:
+    try:
+        async with ctx.db.acquire(timeout=10) as conn:
+            row = await conn.fetchrow(_JOB_BY_ID, job_id)
+            if row is None or row["request_hash"] is None:
+                raise ApiError(404, f"no credit-annotation job {job_id}")
+            accepted, dead = int(row["accepted"]), int(row["dead_lettered"])
+            completed_at = row["completed_at"]
+            if completed_at is not None:
+                recorded = int(row["recorded"])
+            else:
+                recorded = await _recorded(ctx, conn, job_id)
+                if recorded + dead >= accepted:
+                    completed_at = await conn.fetchval(_COMPLETE_JOB, job_id, recorded)
+                    ctx.recorded_cache.pop(job_id, None)
+    except ApiError:
+        raise
+    except DB_ERRORS as exc:
+        raise await db_failure(ctx, exc) from None
+    published = int(row["published"])
+    if completed_at is not None:
+        status: Literal["publishing", "recording", "completed"] = "completed"
+    elif published + dead < accepted:
+        status = "publishing"
+    else:
+        status = "recording"
+    return JobStatus(
+        id=str(job_id),
+        status=status,
+        accepted=accepted,
+        rejected=int(row["rejected"]),
+        published=published,
+        recorded=recorded,
+        dead_lettered=dead,
+        progress=min(1.0, (recorded + dead) / accepted) if accepted else 1.0,
+        created_at=row["created_at"],
+        completed_at=completed_at,
+    )

@@ -1,0 +1,158 @@
+"""The routes: each handler checks the request, then hands it to its module
+(:mod:`.transactions`, :mod:`.jobs`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Annotated, cast
+
+from fastapi import FastAPI, Header, Path, Request
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from bulk_recorder.infra.db import DB_ERRORS
+from bulk_recorder.producer.api.body import checked_idempotency_key, media_type_of, read_limited
+from bulk_recorder.producer.api.context import ApiContext
+from bulk_recorder.producer.api.errors import ApiError, json_response
+from bulk_recorder.producer.api.jobs import accept_job, job_status
+from bulk_recorder.producer.api.models import (
+    IDEMPOTENCY_DOC,
+    JOB_BODY,
+    TRANSACTION_BODY,
+    JobAccepted,
+    JobRefused,
+    JobStatus,
+    Problem,
+    TransactionAccepted,
+)
+from bulk_recorder.producer.api.transactions import accept_transaction
+from bulk_recorder.producer.outbox import outbox_stats, record_stats
+from bulk_recorder.producer.parsers import CONTENT_TYPES
+from bulk_recorder.records import RecordError, Transaction, decode
+
+log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+
+
+def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """``/healthz``, ``/readyz`` and ``/metrics``."""
+
+    @app.get("/healthz", response_class=PlainTextResponse, tags=["operations"])
+    async def healthz() -> str:
+        """The process is alive."""
+        return "ok\n"
+
+    @app.get(
+        "/readyz",
+        response_class=PlainTextResponse,
+        tags=["operations"],
+        responses={503: {"description": "database unreachable"}},
+    )
+    async def readyz() -> Response:
+        """Ready to accept work: the database answers (the broker is not needed)."""
+        try:
+            async with ctx.db.acquire(timeout=2) as conn:
+                await conn.fetchval("SELECT 1", timeout=2)
+        except (ApiError, *DB_ERRORS) as exc:
+            log.debug("not ready: %s", exc)
+            return PlainTextResponse("database down\n", status_code=503)
+        return PlainTextResponse("database up\n")
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
+    async def metrics_endpoint() -> Response:
+        """Prometheus metrics; outbox backlog and oldest age are read at scrape time."""
+        try:
+            async with ctx.db.acquire(timeout=2) as conn:
+                record_stats(ctx.metrics, await outbox_stats(conn))
+        except (ApiError, *DB_ERRORS) as exc:
+            log.debug("outbox stats unavailable: %s", exc)
+        return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def add_transaction_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """``POST /v1/transactions``."""
+    settings = ctx.settings
+
+    @app.post(
+        "/v1/transactions",
+        tags=["transactions"],
+        status_code=202,
+        response_model=TransactionAccepted,
+        openapi_extra=TRANSACTION_BODY,
+        responses={
+            201: {"model": TransactionAccepted, "description": "recorded (sync mode)"},
+            400: {"model": Problem},
+            409: {"model": Problem, "description": "the id was accepted with other content"},
+            413: {"model": Problem},
+            415: {"model": Problem},
+            422: {"model": Problem, "description": "invalid transaction, or key reused"},
+            503: {"model": Problem},
+        },
+    )
+    async def post_transaction(
+        request: Request,
+        idempotency_key: Annotated[
+            str | None, Header(alias="Idempotency-Key", description=IDEMPOTENCY_DOC)
+        ] = None,
+    ) -> Response:
+        """Accept one transaction: 202 (async, via the outbox) or 201 (sync, written now)."""
+        key = checked_idempotency_key(idempotency_key)
+        media = media_type_of(request)
+        if media is not None and media != "application/json" and not media.endswith("+json"):
+            raise ApiError(415, f"Content-Type must be application/json, not {media}")
+        limit = settings.bulk_recorder_max_message_bytes
+        body = await read_limited(request, limit, settings)
+        try:
+            record = decode(body, "transaction", max_bytes=limit)
+        except RecordError as exc:
+            raise ApiError(422, exc.reason) from None
+        assert isinstance(record, Transaction)
+        return await accept_transaction(ctx, record, body, key)
+
+
+def add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
+    """``POST /v1/credit-annotation-jobs`` and ``GET /v1/credit-annotation-jobs/{id}``."""
+
+    @app.post(
+        "/v1/credit-annotation-jobs",
+        tags=["credit annotation jobs"],
+        status_code=202,
+        response_model=JobAccepted,
+        openapi_extra=JOB_BODY,
+        responses={
+            400: {"model": Problem, "description": "the body cannot be split into lines"},
+            413: {"model": Problem},
+            415: {"model": Problem},
+            422: {"model": JobRefused, "description": "no line is valid"},
+            503: {"model": Problem},
+        },
+    )
+    async def post_job(
+        request: Request,
+        idempotency_key: Annotated[
+            str | None, Header(alias="Idempotency-Key", description=IDEMPOTENCY_DOC)
+        ] = None,
+    ) -> Response:
+        """Accept a run of credit annotations: every valid line is stored with its outbox row in
+        one database transaction; invalid lines are listed with their numbers and reasons."""
+        key = checked_idempotency_key(idempotency_key)
+        media = media_type_of(request)
+        fmt = CONTENT_TYPES.get(media or "")
+        if fmt is None:
+            accepted = ", ".join(CONTENT_TYPES)
+            raise ApiError(415, f"Content-Type must be one of {accepted}; got {media or 'none'}")
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise ApiError(415, f"Content-Encoding {encoding} is not supported; send identity")
+        return await accept_job(ctx, request, fmt, cast(str, media), key)
+
+    @app.get(
+        "/v1/credit-annotation-jobs/{job_id}",
+        tags=["credit annotation jobs"],
+        response_model=JobStatus,
+        responses={404: {"model": Problem}, 422: {"model": Problem}, 503: {"model": Problem}},
+    )
+    async def get_job(job_id: Annotated[uuid.UUID, Path()]) -> Response:
+        """Status and progress of a job (poll it to draw a progress bar)."""
+        return json_response(200, await job_status(ctx, job_id))

@@ -1,0 +1,371 @@
+"""Line parsers for job uploads: NDJSON, JSON array and CSV, fed chunk by chunk.
+
+Each keeps at most one unfinished line (bounded by the per-message limit) and yields
+``(line number, body)`` for a line to validate or ``(line number, reason)`` for one already
+rejected; a body that cannot be split into lines at all raises :class:`FormatError`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import json
+import re
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+__all__ = [
+    "CONTENT_TYPES",
+    "CSV_COLUMNS",
+    "FormatError",
+    "Item",
+    "LineParser",
+    "parser_for",
+]
+
+# One parsed line: (line number, message body to validate) or (line number, reason rejected).
+Item = tuple[int, bytes | str]
+
+CSV_COLUMNS: Final = (
+    "id",
+    "job_id",
+    "document",
+    "kind",
+    "creditor",
+    "amount",
+    "occurred_on",
+    "reason",
+)
+_CSV_REQUIRED: Final = frozenset({"id", "document", "kind", "creditor", "amount", "occurred_on"})
+_CSV_OPTIONAL: Final = frozenset({"job_id", "reason"})
+
+# media type -> format
+CONTENT_TYPES: Final = {
+    "application/json": "json",
+    "application/x-ndjson": "ndjson",
+    "application/ndjson": "ndjson",
+    "application/jsonl": "ndjson",
+    "application/x-jsonlines": "ndjson",
+    "text/csv": "csv",
+}
+
+_BOM: Final = "\ufeff"
+_WHITESPACE: Final = " \t\r\n"
+_WHITESPACE_RUN: Final = re.compile(r"[ \t\r\n]+").match
+ENCODE_JSON: Final[Callable[[Any], str]] = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False
+).encode
+_RAW_DECODE: Final = json.JSONDecoder().raw_decode
+
+
+class FormatError(ValueError):
+    """The body cannot be split into lines; the whole request is refused (400)."""
+
+
+class LineParser(Protocol):
+    @property
+    def lines(self) -> int:
+        """Lines seen so far that count toward the job's line limit (blank ones included)."""
+        ...
+
+    def feed(self, chunk: bytes) -> list[Item]: ...
+
+    def finish(self) -> list[Item]: ...
+
+
+def parser_for(fmt: str, max_line_bytes: int) -> LineParser:
+    if fmt == "ndjson":
+        return NdjsonParser(max_line_bytes)
+    if fmt == "csv":
+        return CsvParser(max_line_bytes)
+    if fmt == "json":
+        return JsonArrayParser(max_line_bytes)
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def _skip_whitespace(text: str, pos: int) -> int:
+    """The first position at or after ``pos`` that is not JSON whitespace (at C speed)."""
+    run = _WHITESPACE_RUN(text, pos)
+    return run.end() if run else pos
+
+
+def _too_long(limit: int) -> str:
+    return f"line longer than {limit} bytes"
+
+
+class NdjsonParser:
+    """One JSON object per line; blank lines are skipped, but numbered and counted."""
+
+    def __init__(self, max_line_bytes: int) -> None:
+        self._limit = max_line_bytes
+        self._tail = b""
+        self._line = 0
+        self._skipping = False  # inside a line already known to be too long
+        self._first = True
+
+    @property
+    def lines(self) -> int:
+        return self._line
+
+    def feed(self, chunk: bytes) -> list[Item]:
+        if self._first and chunk:
+            self._first = False
+            chunk = chunk.removeprefix(codecs.BOM_UTF8)
+        data = self._tail + chunk if self._tail else chunk
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        out: list[Item] = []
+        for raw in lines:
+            self._emit(raw, out)
+        if self._skipping or len(tail) > self._limit:
+            self._skipping = True
+            self._tail = b""
+        else:
+            self._tail = tail
+        return out
+
+    def finish(self) -> list[Item]:
+        out: list[Item] = []
+        if self._tail or self._skipping:
+            self._emit(self._tail, out)
+        self._tail = b""
+        return out
+
+    def _emit(self, raw: bytes, out: list[Item]) -> None:
+        self._line += 1
+        if self._skipping:
+            self._skipping = False
+            out.append((self._line, _too_long(self._limit)))
+            return
+        if not raw.strip():
+            return
+        if len(raw) > self._limit:
+            out.append((self._line, _too_long(self._limit)))
+            return
+        out.append((self._line, raw))
+
+
+class JsonArrayParser:
+    """A JSON array of objects, split into elements as it arrives."""
+
+    def __init__(self, max_element_bytes: int) -> None:
+        self._limit = max_element_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._text = ""
+        self._state = "start"  # start, first, value, comma, done
+        self._count = 0
+        self._offset = 0  # characters consumed before self._text
+
+    @property
+    def lines(self) -> int:
+        return self._count
+
+    def feed(self, chunk: bytes) -> list[Item]:
+        self._text += self._decode(chunk, final=False)
+        return self._drain(final=False)
+
+    def finish(self) -> list[Item]:
+        self._text += self._decode(b"", final=True)
+        out = self._drain(final=True)
+        if self._state != "done":
+            if self._state == "start":
+                raise FormatError("empty body: expected a JSON array of objects")
+            raise FormatError(
+                f"unexpected end of body after element {self._count}: the JSON array is not closed"
+            )
+        return out
+
+    def _decode(self, data: bytes, *, final: bool) -> str:
+        try:
+            text = self._decoder.decode(data, final)
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"body is not valid UTF-8 ({exc.reason})") from None
+        if self._state == "start" and not self._text:
+            text = text.removeprefix(_BOM)
+        return text
+
+    def _drain(self, *, final: bool) -> list[Item]:
+        text, pos, end_of_text = self._text, 0, len(self._text)
+        out: list[Item] = []
+        while True:
+            pos = _skip_whitespace(text, pos)
+            if pos == end_of_text:
+                break
+            state = self._state
+            char = text[pos]
+            if state == "start":
+                if char != "[":
+                    raise FormatError(
+                        "a JSON body must be an array of objects; send one object per line as "
+                        "application/x-ndjson"
+                    )
+                pos += 1
+                self._state = "first"
+            elif state in ("first", "value"):
+                if state == "first" and char == "]":
+                    pos += 1
+                    self._state = "done"
+                    continue
+                try:
+                    _, end = _RAW_DECODE(text, pos)
+                except json.JSONDecodeError as exc:
+                    if not final and end_of_text - pos <= self._limit:
+                        break  # probably cut by the chunk boundary: wait for more
+                    if final and exc.pos >= end_of_text:
+                        raise FormatError(
+                            f"unexpected end of body in element {self._count + 1}: the JSON "
+                            "array is not closed"
+                        ) from None
+                    raise FormatError(
+                        f"element {self._count + 1}: invalid JSON ({exc.msg}) or larger than "
+                        f"{self._limit} bytes"
+                    ) from None
+                if end == end_of_text and not final:
+                    break  # a number or literal may go on in the next chunk
+                self._count += 1
+                element = text[pos:end].encode("utf-8", "surrogatepass")
+                if len(element) > self._limit:
+                    out.append((self._count, _too_long(self._limit)))
+                else:
+                    out.append((self._count, element))
+                pos = end
+                self._state = "comma"
+            elif state == "comma":
+                if char == ",":
+                    self._state = "value"
+                elif char == "]":
+                    self._state = "done"
+                else:
+                    raise FormatError(f"after element {self._count}: expected ',' or ']'")
+                pos += 1
+            else:
+                raise FormatError("unexpected data after the closing ']'")
+        self._text = text[pos:]
+        return out
+
+
+class CsvParser:
+    """CSV (RFC 4180) with a header row naming columns among :data:`CSV_COLUMNS`."""
+
+    def __init__(self, max_line_bytes: int) -> None:
+        self._limit = max_line_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._tail = ""
+        self._pending: list[str] = []  # physical lines of a record with an open quoted field
+        self._pending_quotes = 0
+        self._pending_size = 0
+        self._line = 0
+        self._record_line = 0
+        self._header: list[str] | None = None
+        self._first = True
+
+    @property
+    def lines(self) -> int:
+        return self._line - (1 if self._header is not None else 0)
+
+    def feed(self, chunk: bytes) -> list[Item]:
+        try:
+            text = self._decoder.decode(chunk, False)
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"body is not valid UTF-8 near line {self._line + 1}") from exc
+        if self._first and text:
+            self._first = False
+            text = text.removeprefix(_BOM)
+        data = self._tail + text if self._tail else text
+        lines = data.split("\n")
+        self._tail = lines.pop()
+        if len(self._tail) > self._limit:
+            raise FormatError(f"line {self._line + 1}: longer than {self._limit} bytes")
+        return self._records(lines)
+
+    def finish(self) -> list[Item]:
+        try:
+            self._tail += self._decoder.decode(b"", True)
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"body is not valid UTF-8 near line {self._line + 1}") from exc
+        lines = [self._tail] if self._tail else []
+        self._tail = ""
+        out = self._records(lines)
+        if self._pending:
+            raise FormatError(f"line {self._record_line}: a quoted field is never closed")
+        if self._header is None:
+            raise FormatError("empty body: expected a CSV header row and records")
+        return out
+
+    def _records(self, lines: list[str]) -> list[Item]:
+        records: list[tuple[int, str]] = []
+        for line in lines:
+            self._line += 1
+            if not self._pending:
+                self._record_line = self._line
+            quotes = line.count('"')
+            if self._pending or quotes % 2:
+                self._pending.append(line)
+                self._pending_quotes += quotes
+                self._pending_size += len(line) + 1
+                if self._pending_quotes % 2:
+                    if self._pending_size > self._limit:
+                        raise FormatError(
+                            f"line {self._record_line}: a quoted field is never closed, or the "
+                            f"record is longer than {self._limit} bytes"
+                        )
+                    continue
+                line = "\n".join(self._pending)
+                self._pending, self._pending_quotes, self._pending_size = [], 0, 0
+            if line.strip(_WHITESPACE):
+                records.append((self._record_line, line))
+        out: list[Item] = []
+        if not records:
+            return out
+        rows = csv.reader([text for _, text in records], strict=True)
+        for (number, text), row in zip(records, _safe_rows(rows, len(records)), strict=True):
+            if isinstance(row, str):
+                out.append((number, f"invalid CSV: {row}"))
+            elif self._header is None:
+                self._header = _check_header(row)
+            else:
+                out.append((number, self._to_body(row, len(text))))
+        return out
+
+    def _to_body(self, row: list[str], size: int) -> bytes | str:
+        header = self._header
+        assert header is not None
+        if size > self._limit:
+            return _too_long(self._limit)
+        if len(row) != len(header):
+            return f"expected {len(header)} fields, got {len(row)}"
+        obj: dict[str, str] = {}
+        for name, value in zip(header, row, strict=True):
+            if value == "" and name in _CSV_OPTIONAL:
+                continue
+            obj[name] = value
+        return ENCODE_JSON(obj).encode("utf-8", "surrogatepass")
+
+
+def _safe_rows(rows: Any, count: int) -> list[list[str] | str]:
+    """Every row of a csv.reader, a row that fails to parse as its error text."""
+    out: list[list[str] | str] = []
+    while len(out) < count:
+        try:
+            out.append(next(rows))
+        except csv.Error as exc:
+            out.append(str(exc))
+        except StopIteration:  # pragma: no cover - one row per record by construction
+            break
+    return out
+
+
+def _check_header(row: list[str]) -> list[str]:
+    names = [name.strip().lower() for name in row]
+    unknown = [name for name in names if name not in CSV_COLUMNS]
+    if unknown:
+        raise FormatError(
+            f"CSV header: unknown column {unknown[0]!r}; columns are {', '.join(CSV_COLUMNS)}"
+        )
+    repeated = {name for name in names if names.count(name) > 1}
+    if repeated:
+        raise FormatError(f"CSV header: column {sorted(repeated)[0]!r} appears twice")
+    missing = sorted(_CSV_REQUIRED.difference(names))
+    if missing:
+        raise FormatError(f"CSV header: missing column(s) {', '.join(missing)}")
+    return names

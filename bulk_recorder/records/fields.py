@@ -1,0 +1,318 @@
+"""Field checks for ``decode``: the body's JSON, and each field's rules, written by hand for the
+hot path (precompiled regex ``fullmatch``, no exceptions on the happy path)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, date, datetime
+from decimal import Context, Decimal
+from typing import Any, Final, NoReturn
+
+from bulk_recorder.records.contract import (
+    MAX_DEPTH,
+    MAX_METADATA_BYTES,
+    MAX_METADATA_EXPONENT,
+    JsonObject,
+    RecordError,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+_MISSING: Final = object()
+
+_UUID_MATCH: Final = re.compile(
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+).fullmatch
+_ASSET_MATCH: Final = re.compile(r"[A-Z][A-Z0-9]{0,9}").fullmatch
+# Exactly what numeric(38,18) stores without rounding: 20 integer digits, 18 decimals.
+_AMOUNT_MATCH: Final = re.compile(r"[0-9]{1,20}(?:\.[0-9]{1,18})?").fullmatch
+# Looser shape, only used to explain why an amount failed the strict pattern.
+_NUMBER_MATCH: Final = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?").fullmatch
+_DATE_MATCH: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}").fullmatch
+# A JSON escape of a UTF-16 surrogate (\uD800-\uDFFF): the only way a lone surrogate can get
+# into a decoded string, since the body itself was valid UTF-8.
+_SURROGATE_ESCAPE_SEARCH: Final = re.compile(r"\\u[dD][89abcdefABCDEF]").search
+
+_AMOUNT_LIMIT: Final = 10**20
+_ZERO: Final = Decimal(0)
+# Sums of up to 1000 amounts of 20 + 18 digits need 42 digits: far beyond the default 28.
+_SUM_CONTEXT: Final = Context(prec=64)
+_sum_add: Final = _SUM_CONTEXT.add
+
+
+def _reject_constant(name: str) -> NoReturn:
+    """NaN and +-Infinity are not JSON (and jsonb refuses them)."""
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# Prebuilt: json.loads/json.dumps with keyword arguments build a new decoder/encoder per call.
+# JSON numbers with a fraction or exponent become Decimal, never float: a float would round
+# metadata such as 0.30000000000000000001 silently (PostgreSQL's jsonb keeps it exact), and an
+# amount given as a JSON number is refused anyway. The hook runs only for such tokens.
+_JSON_DECODE: Final[Callable[[str], Any]] = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=Decimal
+).decode
+# Compact, UTF-8 kept as is; allow_nan=False turns an overflowed number (inf) into ValueError.
+_METADATA_ENCODE: Final[Callable[[Any], str]] = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+
+
+def _depth_exceeds(root: Any, limit: int) -> bool:
+    """True if objects/arrays in ``root`` nest deeper than ``limit`` levels (no recursion)."""
+    stack: list[tuple[Any, int]] = [(root, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        if depth > limit:
+            return True
+        children = node.values() if type(node) is dict else node
+        for child in children:
+            if type(child) is dict or type(child) is list:
+                push((child, depth + 1))
+    return False
+
+
+def _parse(body: bytes, max_bytes: int) -> tuple[JsonObject, bool, bool]:
+    """Body -> (JSON object, may contain NUL, may contain lone surrogates)."""
+    size = len(body)
+    if size > max_bytes:
+        raise RecordError(f"body too large ({size} bytes > {max_bytes})")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecordError("body is not valid UTF-8") from None
+    try:
+        data = _JSON_DECODE(text)
+    except RecursionError:
+        raise RecordError(f"JSON nesting deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # json.JSONDecodeError, NaN/Infinity, integers over 4300 digits
+        raise RecordError("invalid JSON") from None
+    if type(data) is not dict:
+        raise RecordError("body must be a JSON object")
+    # Cheap bound first: nesting can't exceed the number of opening brackets.
+    if text.count("{") + text.count("[") > MAX_DEPTH and _depth_exceeds(data, MAX_DEPTH):
+        raise RecordError(f"JSON nesting deeper than {MAX_DEPTH} levels")
+    escapes = "\\u" in text
+    maybe_nul = escapes and "\\u0000" in text
+    maybe_surrogate = escapes and _SURROGATE_ESCAPE_SEARCH(text) is not None
+    return data, maybe_nul, maybe_surrogate
+
+
+# ---------------------------------------------------------------------------------------------
+# Field checks. Each returns the clean value or raises RecordError; `where` is the prefix of the
+# field name in messages ("" or "operations[3].").
+
+
+def _fail(where: str, key: str, message: str) -> NoReturn:
+    raise RecordError(f"{where}{key}: {message}")
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        Decimal: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
+
+
+def _type_error(where: str, key: str, value: Any, expected: str) -> NoReturn:
+    if value is _MISSING:
+        _fail(where, key, "missing")
+    _fail(where, key, f"must be {expected}, not {_kind_of(value)}")
+
+
+def _uuid(obj: JsonObject, key: str, where: str = "") -> str:
+    value = obj.get(key, _MISSING)
+    if type(value) is str and _UUID_MATCH(value):
+        return value.lower()
+    if type(value) is str:
+        _fail(where, key, "invalid UUID")
+    _type_error(where, key, value, "a string")
+
+
+def _opt_uuid(obj: JsonObject, key: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    return _uuid(obj, key)
+
+
+def _choice(obj: JsonObject, key: str, allowed: frozenset[str], where: str = "") -> str:
+    value = obj.get(key, _MISSING)
+    if type(value) is str and value in allowed:
+        return value
+    if type(value) is str:
+        _fail(where, key, "must be one of " + ", ".join(sorted(allowed)))
+    _type_error(where, key, value, "a string")
+
+
+def _asset(obj: JsonObject, key: str, where: str = "") -> str:
+    value = obj.get(key, _MISSING)
+    if type(value) is str and _ASSET_MATCH(value):
+        return value
+    _bad_asset(where, key, value)
+
+
+def _bad_asset(where: str, key: str, value: Any) -> NoReturn:
+    if type(value) is str:
+        _fail(where, key, "must be 1-10 upper-case letters or digits, starting with a letter")
+    _type_error(where, key, value, "a string")
+
+
+def _amount(obj: JsonObject, key: str, positive: bool, where: str = "") -> Decimal:
+    """An exact decimal from a JSON string ("1050.25") or integer (1000), never a float."""
+    value = obj.get(key, _MISSING)
+    kind = type(value)
+    if kind is str and _AMOUNT_MATCH(value):
+        amount = Decimal(value)
+        if positive and not amount:
+            _fail(where, key, "must be > 0")
+        return amount
+    if kind is int and 0 <= value < _AMOUNT_LIMIT:
+        if positive and not value:
+            _fail(where, key, "must be > 0")
+        return Decimal(value)
+    _bad_amount(where, key, value, positive)
+
+
+def _bad_amount(where: str, key: str, value: Any, positive: bool) -> NoReturn:
+    sign_error = "must be > 0" if positive else "must be >= 0"
+    kind = type(value)
+    if kind is int:
+        _fail(where, key, sign_error if value < 0 else "out of range")
+    if kind is Decimal or kind is float:
+        _fail(where, key, "must be a decimal string or integer, not a float")
+    if kind is not str:
+        _type_error(where, key, value, "a decimal string or integer")
+    match = _NUMBER_MATCH(value)
+    if match is None:
+        _fail(where, key, "invalid decimal (expected digits with an optional '.' fraction)")
+    if match[1]:
+        _fail(where, key, sign_error)
+    if len(match[2]) > 20:
+        _fail(where, key, "out of range")
+    _fail(where, key, "more than 18 decimal places")
+
+
+def _text(
+    obj: JsonObject, key: str, max_len: int, maybe_surrogate: bool, *, blank_ok: bool = True
+) -> str:
+    value = obj.get(key, _MISSING)
+    if type(value) is not str:
+        _type_error("", key, value, "a string")
+    if len(value) > max_len:
+        _fail("", key, f"longer than {max_len} characters")
+    if "\x00" in value:
+        _fail("", key, "contains NUL")
+    if maybe_surrogate and not _encodable(value):
+        _fail("", key, "invalid unicode")
+    if not blank_ok and not value.strip():
+        _fail("", key, "must not be blank")
+    return value
+
+
+def _opt_text(obj: JsonObject, key: str, max_len: int, maybe_surrogate: bool) -> str | None:
+    if obj.get(key) is None:
+        return None
+    return _text(obj, key, max_len, maybe_surrogate)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _created_at(obj: JsonObject) -> datetime | None:
+    value = obj.get("created_at")
+    if value is None:
+        return None
+    if type(value) is not str:
+        _type_error("", "created_at", value, "a string")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        _fail("", "created_at", "invalid ISO 8601 datetime")
+    if parsed.utcoffset() is None:
+        _fail("", "created_at", "timezone required")
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+01:00
+        _fail("", "created_at", "out of range")
+
+
+def _occurred_on(obj: JsonObject) -> date:
+    value = obj.get("occurred_on", _MISSING)
+    if type(value) is not str:
+        _type_error("", "occurred_on", value, "a string")
+    if _DATE_MATCH(value):
+        try:
+            return date.fromisoformat(value)
+        except ValueError:
+            pass
+    _fail("", "occurred_on", "invalid date (expected YYYY-MM-DD)")
+
+
+def _contains_nul(root: Any) -> bool:
+    """True if any string or key anywhere in ``root`` holds a NUL character."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            for k, v in node.items():
+                if "\x00" in k:
+                    return True
+                stack.append(v)
+        elif type(node) is list:
+            stack.extend(node)
+        elif type(node) is str and "\x00" in node:
+            return True
+    return False
+
+
+def _metadata(obj: JsonObject, maybe_nul: bool, maybe_surrogate: bool) -> str | None:
+    value = obj.get("metadata")
+    if value is None:
+        return None
+    if type(value) is not dict:
+        _type_error("", "metadata", value, "an object or null")
+    if maybe_nul and _contains_nul(value):
+        _fail("", "metadata", "contains NUL")
+    try:
+        text = _METADATA_ENCODE(value)
+    except TypeError:  # it holds Decimal numbers: write them digit for digit
+        text = _exact_json(value)
+    if maybe_surrogate and not _encodable(text):
+        _fail("", "metadata", "invalid unicode")
+    if len(text) > MAX_METADATA_BYTES or (
+        not text.isascii() and len(text.encode("utf-8")) > MAX_METADATA_BYTES
+    ):
+        _fail("", "metadata", f"larger than {MAX_METADATA_BYTES} bytes serialized")
+    return text
+
+
+def _exact_json(value: Any) -> str:
+    """Compact JSON like ``_METADATA_ENCODE``, writing Decimal numbers exactly as parsed."""
+    kind = type(value)
+    if kind is Decimal:
+        if abs(value.adjusted()) > MAX_METADATA_EXPONENT:
+            _fail("", "metadata", f"number out of range (exponent beyond {MAX_METADATA_EXPONENT})")
+        return str(value)
+    if kind is dict:
+        items = (f"{_METADATA_ENCODE(k)}:{_exact_json(v)}" for k, v in value.items())
+        return "{" + ",".join(items) + "}"
+    if kind is list:
+        return "[" + ",".join(_exact_json(v) for v in value) + "]"
+    return _METADATA_ENCODE(value)

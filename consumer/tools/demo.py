@@ -1,0 +1,295 @@
+"""``bulk-recorder demo``: the main job end to end on the local services, with a checked summary.
+
+It migrates, starts the real recorder process, publishes the run (both record types, some
+duplicates, a few invalid), shows progress until every valid record is in PostgreSQL and every
+invalid one is in the dead-letter queue, stops the recorder with SIGTERM, then prints a summary
+and checks it against the database: every valid id recorded exactly once, nothing extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from bulk_recorder.infra import pg_hosts
+from bulk_recorder.infra.broker import BrokerNodes
+from bulk_recorder.infra.migrate import migrate
+from consumer.tools.demo_support import ProgressLine, free_port, http_get
+from consumer.tools.loadgen import Generator, LoadReport, LoadSpec, publish_load
+from consumer.topology import Topology, declare_topology
+from settings import Settings
+
+log = logging.getLogger("consumer.demo")  # the name logs have always carried
+
+DUPLICATES = 0.05
+INVALID = 0.002
+
+
+@dataclass
+class Progress:
+    published: int = 0
+    recorded: int = 0
+    dead_lettered: int = 0
+
+
+def _metric(text: str, name: str) -> float:
+    """Sum of every sample of ``name`` (all label sets) in Prometheus text format."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _metric_labelled(text: str, name: str, label: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{label}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _dlq_ready(url: str, topology: Topology) -> int:
+    connection = await BrokerNodes.from_setting(url).connect()
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(topology.dead_letter_queue, passive=True)
+        return int(queue.declaration_result.message_count or 0)
+    finally:
+        await connection.close()
+
+
+async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int:
+    if via == "api":
+        from consumer.tools.demo_api import run_demo_via_api
+
+        return await run_demo_via_api(settings, count=count)
+    topology = Topology.from_settings(settings)
+    print(f"bulk-recorder demo: {count:,} records through {topology.queue} into PostgreSQL")
+    applied = await migrate(settings.database_url)
+    print(f"schema ready ({', '.join(applied) or 'up to date'})")
+    connection = await BrokerNodes.from_setting(settings.rabbitmq_url).connect()
+    try:
+        await declare_topology(await connection.channel(), topology)
+    finally:
+        await connection.close()
+    dlq_before = await _dlq_ready(settings.rabbitmq_url, topology)
+
+    port = settings.metrics_port or free_port()
+    env = {**os.environ, "METRICS_PORT": str(port)}
+    log_path = Path(tempfile.gettempdir()) / f"bulk-recorder-demo-{os.getpid()}.log"
+    with log_path.open("wb") as log_file:
+        recorder = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "consumer", env=env, stdout=log_file, stderr=log_file
+        )
+        print(f"recorder log: {log_path}")
+        try:
+            code = await _drive(settings, topology, recorder, port, count, dlq_before)
+        finally:
+            if recorder.returncode is None:
+                recorder.kill()
+                await recorder.wait()
+    if code != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-20:]
+        print("last lines of the recorder log:", *tail, sep="\n  ", file=sys.stderr)
+    return code
+
+
+async def _wait_ready(recorder: asyncio.subprocess.Process, port: int) -> bool:
+    """Until the recorder answers /readyz (60 s at most, and only while it runs)."""
+    deadline = time.monotonic() + 60
+    while (await http_get(port, "/readyz"))[0] != 200:
+        if recorder.returncode is not None or time.monotonic() > deadline:
+            print("the recorder did not become ready", file=sys.stderr)
+            return False
+        await asyncio.sleep(0.2)
+    print(f"recorder ready (pid {recorder.pid}, metrics on http://127.0.0.1:{port}/metrics)")
+    return True
+
+
+async def _recorded_count(conn: asyncpg.Connection, gen: Generator) -> int:
+    """The run's rows so far: its transactions and its job's credit annotations."""
+    return int(
+        await conn.fetchval(
+            "SELECT (SELECT count(*) FROM transactions"
+            "        WHERE organization_id = $1 AND ledger_id = $2)"
+            " + (SELECT count(*) FROM credit_annotations WHERE job_id = $3)",
+            gen.organization_id,
+            gen.ledger_id,
+            gen.job_id,
+        )
+    )
+
+
+async def _stop_recorder(recorder: asyncio.subprocess.Process, port: int) -> tuple[str, int]:
+    """The recorder's last metrics, then SIGTERM: (metrics text, exit code)."""
+    _, metrics = await http_get(port, "/metrics")
+    recorder.send_signal(signal.SIGTERM)
+    return metrics, await asyncio.wait_for(recorder.wait(), 60)
+
+
+async def _recorded_rows(
+    conn: asyncpg.Connection, gen: Generator
+) -> tuple[set[str], set[str], int]:
+    """The run's transaction ids, credit-annotation ids and operation count."""
+    tx_ids = {
+        str(r[0])
+        for r in await conn.fetch(
+            "SELECT id FROM transactions WHERE organization_id = $1 AND ledger_id = $2",
+            gen.organization_id,
+            gen.ledger_id,
+        )
+    }
+    ann_ids = {
+        str(r[0])
+        for r in await conn.fetch("SELECT id FROM credit_annotations WHERE job_id = $1", gen.job_id)
+    }
+    operations = int(
+        await conn.fetchval(
+            "SELECT count(*) FROM operations o JOIN transactions t ON t.id = o.transaction_id"
+            " WHERE t.organization_id = $1 AND t.ledger_id = $2",
+            gen.organization_id,
+            gen.ledger_id,
+        )
+    )
+    return tx_ids, ann_ids, operations
+
+
+def _gave_up(recorder: asyncio.subprocess.Process, line: ProgressLine, stalled_s: float) -> bool:
+    """No progress for 120 s, or the recorder exited: say so and stop watching."""
+    if stalled_s > 120:
+        line.done()
+        print("no progress for 120 s: giving up", file=sys.stderr)
+        return True
+    if recorder.returncode is not None:
+        line.done()
+        print(f"the recorder exited early ({recorder.returncode})", file=sys.stderr)
+        return True
+    return False
+
+
+async def _drive(
+    settings: Settings,
+    topology: Topology,
+    recorder: asyncio.subprocess.Process,
+    port: int,
+    count: int,
+    dlq_before: int,
+) -> int:
+    if not await _wait_ready(recorder, port):
+        return 1
+
+    gen = Generator.create()
+    spec = LoadSpec("mixed", count, duplicates=DUPLICATES, invalid=INVALID)
+    progress = Progress()
+
+    def on_published(n: int) -> None:
+        progress.published += n
+
+    started = time.perf_counter()
+    publisher = asyncio.create_task(
+        publish_load(
+            settings.rabbitmq_url,
+            topology.exchange,
+            spec,
+            progress=on_published,
+            generator=gen,
+        )
+    )
+    conn = await pg_hosts.connect(settings.database_url)
+    line = ProgressLine()
+    report: LoadReport | None = None
+    try:
+        stall_since = time.monotonic()
+        last_seen = -1
+        while True:
+            recorded = await _recorded_count(conn, gen)
+            progress.recorded = recorded
+            progress.dead_lettered = await _dlq_ready(settings.rabbitmq_url, topology) - dlq_before
+            elapsed = time.perf_counter() - started
+            line.draw(
+                f"published {progress.published:>9,}/{spec.total_messages:,}  "
+                f"recorded {recorded:>9,}/{count:,}  dead-lettered {progress.dead_lettered:>5,}  "
+                f"{recorded / elapsed if elapsed else 0:8,.0f} rec/s  {elapsed:6.1f} s"
+            )
+            if publisher.done() and report is None:
+                report = publisher.result()
+            if (
+                report is not None
+                and recorded >= report.valid
+                and progress.dead_lettered >= report.invalid
+            ):
+                break
+            if recorded != last_seen:
+                last_seen, stall_since = recorded, time.monotonic()
+            if _gave_up(recorder, line, time.monotonic() - stall_since):
+                return 1
+            await asyncio.sleep(0.5)
+        elapsed = time.perf_counter() - started
+        line.draw(
+            f"published {progress.published:>9,}/{spec.total_messages:,}  "
+            f"recorded {progress.recorded:>9,}/{count:,}  "
+            f"dead-lettered {progress.dead_lettered:>5,}  {elapsed:6.1f} s",
+            force=True,
+        )
+        line.done()
+        metrics, exit_code = await _stop_recorder(recorder, port)
+        return await _summary(conn, gen, report, metrics, elapsed, exit_code, progress)
+    finally:
+        if not publisher.done():
+            publisher.cancel()
+        await conn.close()
+
+
+async def _summary(
+    conn: asyncpg.Connection,
+    gen: Generator,
+    report: LoadReport,
+    metrics: str,
+    elapsed: float,
+    exit_code: int,
+    progress: Progress,
+) -> int:
+    tx_ids, ann_ids, operations = await _recorded_rows(conn, gen)
+    flushes = {
+        r: _metric_labelled(metrics, "bulk_recorder_flushes_total", f'reason="{r}"')
+        for r in ("size", "timeout", "shutdown")
+    }
+    size_sum = _metric(metrics, "bulk_recorder_flush_size_sum")
+    size_count = _metric(metrics, "bulk_recorder_flush_size_count") or 1
+    ignored = _metric(metrics, "bulk_recorder_rows_ignored_total")
+    checks = {
+        "every valid transaction recorded once, none extra": tx_ids == report.ids["transaction"],
+        "every valid annotation recorded once, none extra": ann_ids
+        == report.ids["credit_annotation"],
+        "two operations per transaction": operations == 2 * len(tx_ids),
+        "every invalid message dead-lettered": progress.dead_lettered == report.invalid,
+        "recorder stopped cleanly on SIGTERM (exit 0)": exit_code == 0,
+    }
+    rate = len(tx_ids | ann_ids) / elapsed if elapsed else 0.0
+    print()
+    print("== bulk-recorder demo summary ==")
+    print(f"published        {report.summary()}")
+    print(
+        f"recorded         transactions {len(tx_ids):,} (operations {operations:,}), "
+        f"credit_annotations {len(ann_ids):,}"
+    )
+    print(f"duplicates       {int(ignored):,} ignored by ON CONFLICT ({report.duplicates:,} sent)")
+    print(f"dead-lettered    {progress.dead_lettered:,} invalid messages, reason in a header")
+    print(f"elapsed          {elapsed:,.1f} s end to end, {rate:,.0f} records/s")
+    print(
+        "flushes          "
+        + ", ".join(f"{k} {int(v):,}" for k, v in flushes.items())
+        + f"; mean flush size {size_sum / size_count:,.1f} messages"
+    )
+    for name, ok in checks.items():
+        print(f"check            {'OK  ' if ok else 'FAIL'} {name}")
+    return 0 if all(checks.values()) else 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from typing import Literal
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,7 +35,11 @@ class Settings(BaseSettings):
 
     database_url: str = Field(
         "postgresql://postgres@127.0.0.1:5432/bulk_recorder",
-        description="PostgreSQL DSN; `migrate` creates the database if missing.",
+        description=(
+            "PostgreSQL DSN; `migrate` creates the database if missing. Several hosts "
+            "(`host1:5432,host2:5432`) with `target_session_attrs=read-write` follow the "
+            "primary; each host gets `connect_timeout` seconds (default 5) before the next."
+        ),
     )
     rabbitmq_url: str = Field(
         "amqp://guest:guest@127.0.0.1:5672/",
@@ -202,6 +206,14 @@ class Settings(BaseSettings):
         problem = _tls_files_problem(value, ("sslrootcert", "sslcert", "sslkey", "sslcrl"))
         if problem:
             raise ValueError(problem)
+        hostspec = urlsplit(value).netloc.rpartition("@")[2]
+        if "," in hostspec and any(not h.strip() for h in hostspec.split(",")):
+            raise ValueError("has an empty entry in its host list")
+        for key, seconds in parse_qsl(urlsplit(value).query, keep_blank_values=True):
+            if key == "connect_timeout" and not _positive_seconds(seconds):
+                raise ValueError(
+                    f"connect_timeout (seconds, per host) must be > 0 and <= 3600, not {seconds!r}"
+                )
         return value
 
     @field_validator("rabbitmq_url")
@@ -277,6 +289,14 @@ class Settings(BaseSettings):
     @property
     def dead_letter_queue(self) -> str:
         return f"{self.rabbitmq_queue}.dlq"
+
+
+def _positive_seconds(text: str) -> bool:
+    try:
+        seconds = float(text)
+    except ValueError:
+        return False
+    return 0 < seconds <= 3600
 
 
 def _amqp_url_problem(url: str) -> str:

@@ -12,8 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-import asyncpg
-
+from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.api.auth import (
     DEFAULT_SCOPES,
@@ -56,7 +55,7 @@ def cmd_api_key(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:
     await migrate(settings.database_url)  # the api_keys table, on a fresh install too
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await pg_hosts.connect(settings.database_url)  # every host of the list, as migrate
     try:
         if args.key_command == "create":
             try:

@@ -11,6 +11,7 @@ import logging
 
 import asyncpg
 
+from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import endpoint
 from bulk_recorder.infra.migrate import MigrationRefused, migrate
@@ -83,8 +84,8 @@ async def open_pool_when_ready(
                 min_size=1,
                 max_size=max_size,
                 command_timeout=command_timeout,
-                timeout=10,
                 reset=keep_session,
+                connect=pg_hosts.connect,
             )
         except MigrationRefused as exc:  # the owner's migrate may be on its way: wait for it
             log.warning("%s; retrying", exc)

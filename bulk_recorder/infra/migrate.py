@@ -8,6 +8,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from bulk_recorder.infra import pg_hosts
+
 log = logging.getLogger("bulk_recorder.migrate")  # the name logs have always carried
 
 
@@ -43,7 +45,7 @@ def maintenance_dsn(dsn: str) -> str:
 async def create_database_if_missing(dsn: str) -> bool:
     """Create the DSN's database when it does not exist. Returns True when it was created."""
     name = _database_name(dsn)
-    conn = await asyncpg.connect(maintenance_dsn(dsn))
+    conn = await pg_hosts.connect(maintenance_dsn(dsn))
     try:
         exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
         if exists:
@@ -127,10 +129,10 @@ async def connect_creating(dsn: str) -> asyncpg.Connection:
     needs the server's maintenance database.
     """
     try:
-        return await asyncpg.connect(dsn)
+        return await pg_hosts.connect(dsn)
     except asyncpg.InvalidCatalogNameError:
         await create_database_if_missing(dsn)
-        return await asyncpg.connect(dsn)
+        return await pg_hosts.connect(dsn)
 
 
 async def migrate(dsn: str) -> list[str]:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
+from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.broker import BROKER_ERRORS, BrokerNodes, split_urls
 from bulk_recorder.infra.db import DB_ERRORS
 from bulk_recorder.infra.migrate import maintenance_dsn
@@ -55,9 +56,9 @@ async def check_database(dsn: str) -> None:
     not exist yet (``migrate`` creates it): a role may be allowed into its own database only."""
     try:
         try:
-            conn = await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
+            conn = await pg_hosts.connect(dsn)
         except asyncpg.InvalidCatalogNameError:
-            conn = await asyncpg.connect(maintenance_dsn(dsn), timeout=CONNECT_TIMEOUT_S)
+            conn = await pg_hosts.connect(maintenance_dsn(dsn))
     except _DB_DOWN as exc:
         tls = tls_failure_line("DATABASE_URL", "PostgreSQL", endpoint(dsn), dsn, exc)
         if tls:

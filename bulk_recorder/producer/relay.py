@@ -8,9 +8,16 @@ The relay, in each of its lanes, repeats one database transaction:
    awaited after another) with the message properties of DESIGN.md section 4 and
    ``mandatory`` set, so that an unroutable message counts as refused, not as sent,
 3. delete the rows the broker confirmed and add them to their jobs' ``published`` count; a
-   refused row gets a later ``available_at`` and is parked after ``max_attempts`` refusals; a
-   row that was in flight when the connection died is left untouched (an outage is not bad data),
+   refused row (returned as unroutable, or its lone publish closed the channel) gets a later
+   ``available_at`` and is parked after ``max_attempts`` refusals; a row that was nacked, or
+   that was in flight when the connection died or its confirm timed out, is left untouched (an
+   outage is not bad data),
 4. commit.
+
+A nack or a lost confirm on a channel that is still open is an outage of the broker (a quorum
+queue without a leader or a majority, a queue full with ``reject-publish``): the lane asks the
+broker loop to replace the connection and channel (the next connect tries the next node of a
+cluster) and backs off, doubling with every batch that fails so in a row.
 
 A row can also make the broker close the channel (``406 PRECONDITION_FAILED``, e.g. a body over
 its ``max_message_size``): that fails every publish in flight on the channel, so the culprit is
@@ -28,7 +35,8 @@ Every long-lived task (the lanes, the broker loop, the listener and the stats lo
 failure of what it waits on as an outage, including the ``CancelledError`` that aiormq hands to
 every pending confirm when it gives up on a silent connection (a partition that outlives the
 heartbeat): only a cancellation of the task itself (a shutdown) ends it. A task that ends anyway
-(a bug) is logged, makes :meth:`Relay.ready` false and is started again after a short backoff.
+(a bug) is logged, makes :meth:`Relay.ready` false and is started again after a short backoff
+(:mod:`bulk_recorder.producer.relay_tasks`).
 """
 
 from __future__ import annotations
@@ -36,15 +44,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
 
 import aio_pika
 import asyncpg
 from aiormq.abc import AbstractChannel
 
+from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
@@ -61,6 +68,7 @@ from bulk_recorder.producer.relay_publish import (
     RelayConfig,
     close_quietly,
 )
+from bulk_recorder.producer.relay_tasks import supervise
 from settings import Settings
 
 __all__ = ["BatchResult", "Relay", "RelayConfig"]
@@ -96,11 +104,13 @@ class Relay:
         self._pool: asyncpg.Pool | None = None
         self._channel: AbstractChannel | None = None
         self._broker_up = asyncio.Event()
+        self._replace = asyncio.Event()  # a lane saw a nack or a lost confirm on the channel
         self._db_ok = False
         self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
         self._halt = asyncio.Event()  # stops the background loops once the lanes are done
         self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
         self._batches = BatchPublisher(self.config, self.metrics, self.exchange)
+        self._failed_rounds = 0  # batches in a row with a nack or a lost confirm
 
     # -- readiness --------------------------------------------------------------------------
 
@@ -134,7 +144,8 @@ class Relay:
         try:
             if not await self._connect_database(stop):
                 return
-            await self._supervise(
+            await supervise(
+                self._tasks,
                 {
                     "relay-broker": partial(self._broker_loop, halt),
                     "relay-listen": partial(self._listen_loop, halt),
@@ -172,44 +183,6 @@ class Relay:
     def _lane_tasks(self) -> list[asyncio.Task[None]]:
         return [t for name, t in self._tasks.items() if name.startswith("relay-lane-")]
 
-    async def _supervise(self, starters: dict[str, _Starter], stop: asyncio.Event) -> None:
-        """Run every task until ``stop``; one that ends before is logged and started again.
-
-        None of them should ever end on its own: each handles the failures of what it waits on.
-        So an end here is a bug (or an exception nobody foresaw). It is logged with its cause,
-        the task counts as down in :meth:`ready` meanwhile, and it is restarted after a backoff
-        that doubles with each death of the same task (0.5 s up to 30 s), so that a task which
-        dies at once every time cannot spin.
-        """
-        loop = asyncio.get_running_loop()
-        deaths: Counter[str] = Counter()
-        due: dict[str, float] = {}  # dead task -> when it starts again
-        for name, start in starters.items():
-            self._tasks[name] = asyncio.create_task(start(), name=name)
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                timeout = max(0.0, min(due.values()) - loop.time()) if due else None
-                live = {t for name, t in self._tasks.items() if name not in due}
-                await asyncio.wait(
-                    {stopped, *live}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-                if stop.is_set():
-                    break
-                for name, task in self._tasks.items():
-                    if task.done() and name not in due:
-                        delay = min(_RESTART_CAP_S, _RESTART_BASE_S * 2 ** min(deaths[name], 10))
-                        deaths[name] += 1
-                        due[name] = loop.time() + delay
-                        _log_death(task, delay)
-                for name, when in list(due.items()):
-                    if when <= loop.time():
-                        del due[name]
-                        log.warning("restarting %s", name)
-                        self._tasks[name] = asyncio.create_task(starters[name](), name=name)
-        finally:
-            stopped.cancel()
-
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         self._pool = await open_pool_when_ready(
             self.settings.database_url, max_size=self.config.lanes + 1, stop=stop
@@ -228,22 +201,12 @@ class Relay:
                 if self._declare is not None:
                     await self._declare(channel)
                 underlay = await channel.get_underlay_channel()
+                self._replace.clear()
                 self._channel = underlay
                 self._broker_up.set()
-                attempt = 0
                 log.info("relay connected to the broker; publishing to %s", self.exchange)
                 self.wake()
-                closed = asyncio.ensure_future(connection.closed())
-                stopped = asyncio.ensure_future(stop.wait())
-                try:
-                    await asyncio.wait(
-                        {closed, stopped, underlay.closing}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    closed.cancel()
-                    stopped.cancel()
-                if not stop.is_set():
-                    log.warning("relay lost the broker connection; rows wait in the outbox")
+                attempt = await self._hold(connection, underlay, stop)
             except BROKER_ERRORS as exc:
                 log.warning(
                     "broker at %s not reachable (%r); rows wait in the outbox",
@@ -269,6 +232,37 @@ class Relay:
             await wait_or_stop(stop, backoff.delay(attempt))
             attempt += 1
 
+    async def _hold(
+        self,
+        connection: aio_pika.abc.AbstractConnection,
+        underlay: AbstractChannel,
+        stop: asyncio.Event,
+    ) -> int:
+        """Wait until the connection or channel is lost, a lane asks for them to be replaced,
+        or ``stop``; the backoff attempt to go on with (0 after a loss: reconnect at once)."""
+        closed = asyncio.ensure_future(connection.closed())
+        stopped = asyncio.ensure_future(stop.wait())
+        replace = asyncio.ensure_future(self._replace.wait())
+        try:
+            await asyncio.wait(
+                {closed, stopped, replace, underlay.closing},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            closed.cancel()
+            stopped.cancel()
+            replace.cancel()
+        if stop.is_set():
+            return 0
+        if self._replace.is_set() and not underlay.is_closed:
+            log.warning(
+                "replacing the broker connection and channel after a nack or a lost "
+                "confirm; rows wait in the outbox"
+            )
+            return self._failed_rounds
+        log.warning("relay lost the broker connection; rows wait in the outbox")
+        return 0
+
     async def _listen_loop(self, stop: asyncio.Event) -> None:
         """LISTEN on its own connection; reconnect when it drops (the poll covers the gap)."""
         backoff = Backoff(base_s=0.2, cap_s=5.0)
@@ -277,7 +271,7 @@ class Relay:
             conn: asyncpg.Connection | None = None
             lost = asyncio.Event()
             try:
-                conn = await asyncpg.connect(self.settings.database_url)
+                conn = await pg_hosts.connect(self.settings.database_url)
                 conn.add_termination_listener(_setter(lost))
                 await conn.add_listener(OUTBOX_CHANNEL, lambda *_args: self.wake())
                 attempt = 0
@@ -333,6 +327,7 @@ class Relay:
                 await wait_any(stop, self._broker_up)
                 continue
             wake.clear()
+            channel = self._channel
             try:
                 result = await self.relay_batch()
             except DB_ERRORS as exc:
@@ -358,9 +353,17 @@ class Relay:
             self._db_ok = True
             db_failures = 0
             if result.lost:
-                # The channel went away mid-batch: wait for the broker loop to notice.
-                await wait_or_stop(stop, 0.2)
+                # A nack, a confirm that timed out, or a channel that went away mid-batch: an
+                # outage of the broker. The channel is replaced (if the broker loop has not
+                # noticed already) and this lane backs off, longer with each such batch in a row.
+                self._failed_rounds += 1
+                if self._channel is channel:
+                    self._channel = None
+                    self._replace.set()
+                await wait_or_stop(stop, backoff.delay(self._failed_rounds))
                 continue
+            if result.published:
+                self._failed_rounds = 0
             if result.claimed == self.config.batch_size and not result.refused:
                 continue  # probably more rows: go on without waiting
             if result.published:
@@ -375,22 +378,6 @@ class Relay:
             return BatchResult(0, 0, 0, 0)
         async with self._pool.acquire() as conn, conn.transaction():
             return await self._batches.relay(conn, channel)
-
-
-_Starter = Callable[[], Coroutine[Any, Any, None]]
-
-_RESTART_BASE_S = 0.5
-_RESTART_CAP_S = 30.0
-
-
-def _log_death(task: asyncio.Task[None], delay: float) -> None:
-    name = task.get_name()
-    if task.cancelled():
-        log.error("%s was cancelled; restarting it in %.1f s", name, delay)
-    elif (exc := task.exception()) is not None:
-        log.error("%s died (%r); restarting it in %.1f s", name, exc, delay, exc_info=exc)
-    else:
-        log.error("%s ended on its own; restarting it in %.1f s", name, delay)
 
 
 def _setter(event: asyncio.Event) -> Callable[[object], None]:

@@ -81,8 +81,8 @@ class RelayConfig:
 class BatchResult:
     claimed: int
     published: int
-    refused: int  # nacked, returned, or its lone publish made the broker close the channel
-    lost: int  # no confirm: the connection or channel went away
+    refused: int  # returned, or its lone publish made the broker close the channel
+    lost: int  # no confirm (the connection or channel went away, or it timed out), or nacked
 
 
 class BatchPublisher:
@@ -139,8 +139,11 @@ class BatchPublisher:
                     if channel is None or channel.is_closed:
                         channel = await _open_channel(connection)
                     await self._publish(channel, row["record_type"], row["body"])
-                except aiormq.exceptions.DeliveryError as exc:
+                except aiormq.exceptions.PublishError as exc:  # returned: unroutable
                     outcomes[row["id"]] = exc
+                except aiormq.exceptions.DeliveryError as exc:  # nacked: the broker's outage
+                    failure = exc
+                    break
                 except aiormq.exceptions.ChannelPreconditionFailed as exc:
                     # The broker closed the channel for this message alone.
                     outcomes[row["id"]] = ChannelRefusal(exc)
@@ -204,6 +207,7 @@ class BatchPublisher:
         refused: list[int] = []
         reasons: list[str] = []  # each refused row's own reason, kept in its last_error
         lost = 0
+        nacked = 0
         published_per_job: Counter[str] = Counter()
         lost_error = ""
         for row, outcome in zip(rows, outcomes, strict=True):
@@ -211,9 +215,11 @@ class BatchPublisher:
                 sent.append(row["id"])
                 if row["job_id"] is not None:
                     published_per_job[str(row["job_id"])] += 1
-            elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):
+            elif isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal):
                 refused.append(row["id"])
                 reasons.append(_refusal_reason(outcome)[:500])
+            elif isinstance(outcome, aiormq.exceptions.DeliveryError):
+                nacked += 1  # the broker could not take it now: not the row's fault
             elif isinstance(outcome, asyncio.CancelledError) and cancel_requested():
                 raise outcome  # a shutdown while we settle
             else:
@@ -227,16 +233,7 @@ class BatchPublisher:
             if published_per_job:
                 jobs = sorted(published_per_job)  # one lock order for every lane and relay
                 await conn.execute(_COUNT_PUBLISHED, jobs, [published_per_job[j] for j in jobs])
-        parked = 0
-        if refused:
-            updated = await conn.fetch(_REFUSED, refused, reasons, self.config.max_attempts)
-            parked_per_job: Counter[str] = Counter(
-                str(r["job_id"]) for r in updated if r["parked"] and r["job_id"] is not None
-            )
-            parked = sum(1 for r in updated if r["parked"])
-            if parked_per_job:
-                jobs = sorted(parked_per_job)
-                await conn.execute(_COUNT_PARKED, jobs, [parked_per_job[j] for j in jobs])
+        parked = await self._refuse(conn, refused, reasons) if refused else 0
         # Counted here, before the commit: a failed commit re-publishes these rows (a duplicate
         # the recorder absorbs), so the counter may run ahead of the table, never behind.
         self.metrics.outbox_published.inc(len(sent))
@@ -251,7 +248,21 @@ class BatchPublisher:
         if lost:
             self.metrics.outbox_publish_failures.labels(reason="lost").inc(lost)
             log.warning("%d publishes lost their confirm (%s); rows stay", lost, lost_error)
-        return BatchResult(len(rows), len(sent), len(refused), lost)
+        if nacked:
+            self.metrics.outbox_publish_failures.labels(reason="nacked").inc(nacked)
+            log.warning("broker nacked %d publishes; rows stay", nacked)
+        return BatchResult(len(rows), len(sent), len(refused), lost + nacked)
+
+    async def _refuse(self, conn: Connection, refused: list[int], reasons: list[str]) -> int:
+        """Retry the refused rows later, parking those out of attempts; how many were parked."""
+        updated = await conn.fetch(_REFUSED, refused, reasons, self.config.max_attempts)
+        parked_per_job: Counter[str] = Counter(
+            str(r["job_id"]) for r in updated if r["parked"] and r["job_id"] is not None
+        )
+        if parked_per_job:
+            jobs = sorted(parked_per_job)
+            await conn.execute(_COUNT_PARKED, jobs, [parked_per_job[j] for j in jobs])
+        return sum(1 for r in updated if r["parked"])
 
 
 async def close_quietly(closable: aio_pika.abc.AbstractConnection | AbstractChannel) -> None:
@@ -290,13 +301,11 @@ def _closed_by_broker(outcome: BaseException | None) -> bool:
 
 
 def _settled(outcome: BaseException | None) -> bool:
-    return outcome is None or isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal)
+    return outcome is None or isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal)
 
 
-def _refusal_reason(exc: aiormq.exceptions.DeliveryError | ChannelRefusal) -> str:
+def _refusal_reason(exc: aiormq.exceptions.PublishError | ChannelRefusal) -> str:
     if isinstance(exc, ChannelRefusal):
         return f"closed the channel: {exc}"
-    if isinstance(exc, aiormq.exceptions.PublishError):
-        frame: Any = exc.frame
-        return f"returned: {getattr(frame, 'reply_code', '?')} {getattr(frame, 'reply_text', '')}"
-    return "nacked by the broker"
+    frame: Any = exc.frame
+    return f"returned: {getattr(frame, 'reply_code', '?')} {getattr(frame, 'reply_text', '')}"

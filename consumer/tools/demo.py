@@ -20,6 +20,7 @@ from pathlib import Path
 
 import asyncpg
 
+from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.broker import BrokerNodes
 from bulk_recorder.infra.migrate import migrate
 from consumer.tools.demo_support import ProgressLine, free_port, http_get
@@ -203,7 +204,7 @@ async def _drive(
             generator=gen,
         )
     )
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await pg_hosts.connect(settings.database_url)
     line = ProgressLine()
     report: LoadReport | None = None
     try:

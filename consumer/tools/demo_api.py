@@ -26,8 +26,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
+from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.api.auth import create_key, revoke_keys
 from consumer.tools.demo_support import ProgressLine, free_port, http_get
@@ -185,7 +184,7 @@ async def _demo_key(settings: Settings) -> dict[str, str]:
         print("API_AUTH=off: the API takes requests without a key")
         return {}
     client = f"demo-{uuid.uuid4().hex[:12]}"
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await pg_hosts.connect(settings.database_url)
     try:
         stored, key = await create_key(conn, client, ("jobs:write", "jobs:read"))
     finally:
@@ -195,7 +194,7 @@ async def _demo_key(settings: Settings) -> dict[str, str]:
 
 
 async def _revoke_demo_key(settings: Settings, client: str) -> None:
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await pg_hosts.connect(settings.database_url)
     try:
         await revoke_keys(conn, client)
     finally:
@@ -273,7 +272,7 @@ async def _refused_without_key(
 
 async def _job_rows(settings: Settings, job_id: str) -> set[str]:
     """The ids of the job's recorded credit_annotations rows."""
-    conn = await asyncpg.connect(settings.database_url)
+    conn = await pg_hosts.connect(settings.database_url)
     try:
         return {
             str(r[0])

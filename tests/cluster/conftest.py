@@ -1,9 +1,11 @@
 """Cluster fixtures: a three-node RabbitMQ cluster and PostgreSQL primary + standby pairs.
 
-``rabbit_cluster`` is one cluster per test module (it takes some 20 s to start on this machine);
-before each test every node that an earlier test killed is restarted, so tests do not depend
-on their order. ``pg_clusters`` starts a fresh primary and standby per call (about a second),
-since a failover test leaves its primary dead. Everything is stopped at the end, also when a
+``rabbit_cluster`` is one cluster for the whole session (it takes some 20 s to start on this
+machine), shared by every module that asks for it, and stopped once no test left in the
+session needs it (so it does not idle beside the rest of the suite); before each test every
+node that an earlier test killed is restarted, so tests do not depend on their order.
+``pg_clusters`` starts a fresh primary and standby per call (about a second), since a failover
+test leaves its primary dead. Everything is stopped at the end, also when a
 test fails, and the nodes' and servers' logs are printed then.
 
 The rigs block; call their slow methods through ``asyncio.to_thread`` from async tests.
@@ -16,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.conftest import recorders  # noqa: F401  (real service processes)
 from tests.rigs import postgres_cluster, rabbitmq_node
 from tests.rigs.postgres_cluster import PgCluster
 from tests.rigs.rabbitmq_cluster import RabbitCluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rabbit_cluster_module(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[RabbitCluster]:
@@ -33,6 +36,7 @@ def rabbit_cluster_module(
     failed_before = request.session.testsfailed
     cluster = RabbitCluster(tmp_path_factory.mktemp("rabbit-cluster"))
     cluster.start()
+    _STARTED.append(cluster)
     print(
         f"\nrabbit cluster: boot {cluster.timings['boot']:.1f} s, join "
         f"{cluster.timings['join']:.1f} s, start {cluster.timings['start']:.1f} s"
@@ -46,9 +50,23 @@ def rabbit_cluster_module(
             print(cluster.log_tails(40))
 
 
+_STARTED: list[RabbitCluster] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the test's own fixtures are torn down first (they may still use the cluster)
+    items = item.session.items
+    rest = items[items.index(nextitem) :] if nextitem is not None else []
+    if not any("rabbit_cluster" in getattr(i, "fixturenames", ()) for i in rest):
+        for cluster in _STARTED:
+            if any(node.running for node in cluster.nodes):
+                cluster.stop()
+
+
 @pytest.fixture
 def rabbit_cluster(rabbit_cluster_module: RabbitCluster) -> RabbitCluster:
-    """The module's cluster with every node running and clustered again."""
+    """The session's cluster with every node running and clustered again."""
     for node in rabbit_cluster_module.nodes:
         if not node.running:
             rabbit_cluster_module.restart(node)

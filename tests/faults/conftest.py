@@ -87,12 +87,26 @@ def _setting_names() -> set[str]:
     return {name.upper() for name in Settings.model_fields}
 
 
-class RecorderProcess:
-    """One ``python -m consumer`` child process; its output goes to a log file."""
+CONSUME = ("-m", "consumer")
+RELAY = ("-m", "consumer.cli", "relay")
+API = ("-m", "consumer.cli", "api")
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+
+class RecorderProcess:
+    """One ``python -m consumer`` child process (or another command: ``args``, e.g. ``RELAY``);
+    its output goes to a log file."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        log_path: Path,
+        args: tuple[str, ...] = CONSUME,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.settings = settings
         self.log_path = log_path
+        self.args = args
+        self.env = env or {}
         self.proc: asyncio.subprocess.Process | None = None
         self.kills = 0
         self.starts = 0
@@ -105,10 +119,9 @@ class RecorderProcess:
             log.flush()
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
-                "-m",
-                "consumer",
+                *self.args,
                 cwd=REPO,
-                env=settings_env(self.settings),
+                env={**settings_env(self.settings), **self.env},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
@@ -166,8 +179,17 @@ class RecorderPool:
         self.folder = folder
         self.processes: list[RecorderProcess] = []
 
-    async def start(self, settings: Settings) -> RecorderProcess:
-        proc = RecorderProcess(settings, self.folder / f"recorder-{len(self.processes)}.log")
+    async def start(
+        self,
+        settings: Settings,
+        *,
+        args: tuple[str, ...] = CONSUME,
+        name: str = "recorder",
+        env: dict[str, str] | None = None,
+    ) -> RecorderProcess:
+        """Start ``python ARGS`` (by default the recorder); ``env`` adds to the settings'."""
+        log_path = self.folder / f"{name}-{len(self.processes)}.log"
+        proc = RecorderProcess(settings, log_path, args, env)
         self.processes.append(proc)
         await proc.start()
         return proc

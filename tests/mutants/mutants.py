@@ -36,6 +36,8 @@ PRODUCER = "Producer side"
 AUTH = "Every /v1 call is authenticated, scoped and isolated per client"
 TLS = "TLS, proven"
 LEAST_PRIVILEGE = "Least privilege"
+NODE_LOSS = "Broker node loss"
+DB_FAILOVER = "Database failover"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
@@ -345,5 +347,28 @@ MUTANTS: tuple[Mutant, ...] = (
         new="    error = None\n",
         promise=TLS,
         tests=(T_TLS + "test_a_certificate_from_another_ca_is_one_line_naming_the_setting",),
+    ),
+    Mutant(
+        name="publisher-nack-as-refusal",
+        path="bulk_recorder/producer/relay_publish.py",
+        old="elif isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal):",
+        new="elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):",
+        promise=NODE_LOSS,
+        tests=(
+            "tests/faults/test_relay_nack.py::"
+            "test_a_nacked_publish_leaves_the_row_untouched_and_replaces_the_channel",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="one-timeout-for-every-database-host",
+        path="bulk_recorder/infra/pg_hosts.py",
+        old='    kwargs.pop("timeout", None)\n    target = parse(dsn)\n',
+        new=(
+            '    kwargs.pop("timeout", None)\n'
+            '    return await asyncpg.connect(dsn.split("&connect_timeout")[0], **kwargs)\n'
+        ),
+        promise=DB_FAILOVER,
+        tests=("tests/integration/test_db_hosts.py::test_every_command_passes_over_a_silent_host",),
     ),
 )

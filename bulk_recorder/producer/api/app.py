@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.api.api_docs import serve_docs_offline
@@ -94,7 +95,11 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await migrate(settings.database_url)
         ctx.pool = await asyncpg.create_pool(
-            settings.database_url, min_size=1, max_size=pool_max_size, command_timeout=60
+            settings.database_url,
+            min_size=1,
+            max_size=pool_max_size,
+            command_timeout=60,
+            connect=pg_hosts.connect,
         )
         mode = "async (outbox, 202)" if settings.rabbitmq_transaction_async else "sync (201)"
         log.info("ingest API ready: transactions %s", mode)

@@ -1,0 +1,231 @@
+"""Broker nodes SIGKILLed under real processes (issue 11, item 4 a and b).
+
+On the three-node cluster of ``tests/rigs`` (quorum queue replicated on every node), with the
+real ``bulk-recorder consume`` and ``relay`` processes given the node list in RABBITMQ_URL:
+
+a) two recorders drain the queue; the node that leads the quorum queue is SIGKILLed mid-run,
+   restarted a few seconds later, and then the new leader's node is SIGKILLed too;
+b) the relay drains a large outbox (20,000 rows) while the node it is connected to is
+   SIGKILLed; its publishes in flight lose their confirms (rows stay, published again later).
+
+Each ends with the exact audit of ``tests/faults/audit.py`` (published = recorded, balances
+exact, DLQ exact with reasons, queues drained, nothing unacked) and every process still up, and
+prints the recovery time read off PostgreSQL: from the kill to the first commit after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import aio_pika
+import pytest
+
+from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.outbox import copy_to_outbox, notify
+from consumer.tools.loadgen import Generator, LoadReport, LoadSpec, publish_load
+from consumer.topology import Topology, delete_topology
+from tests.cluster.failover_support import (
+    OUTBOX,
+    CommitWatch,
+    cluster_settings,
+    last_node_port,
+    merge,
+    recovery_line,
+)
+from tests.conftest import Broker, wait_for
+from tests.faults.audit import audit_run, wait_for_rows, wait_until_settled
+from tests.faults.conftest import RELAY
+from tests.rigs.rabbitmq_cluster import RabbitCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+async def cluster_topology(rabbit_cluster: RabbitCluster) -> AsyncIterator[Topology]:
+    suffix = uuid.uuid4().hex[:10]
+    topo = Topology(exchange=f"brha.{suffix}", queue=f"brha.{suffix}.records", delivery_limit=5)
+    yield topo
+    node = rabbit_cluster.running_nodes()[0]
+    connection = await aio_pika.connect(node.url, timeout=30)
+    try:
+        left = await delete_topology(connection, topo)
+    finally:
+        await connection.close()
+    assert not left, f"test topology left on the cluster: {left}"
+
+
+async def open_broker(cluster: RabbitCluster, topo: Topology) -> Broker:
+    """The test's own broker helper, on a node that is running now (declares the topology)."""
+    broker = Broker(cluster.running_nodes()[0].url, topo)
+    await broker.open()
+    return broker
+
+
+PER_RUN = 8_000  # valid records of each run
+KILL_AFTER = 1_000  # rows recorded (of this run) when the leader is killed
+
+
+async def test_two_recorders_survive_the_loss_of_two_quorum_leaders(
+    rabbit_cluster: RabbitCluster, cluster_topology: Topology, recorders, database_url, db
+) -> None:
+    cluster, topo = rabbit_cluster, cluster_topology
+    await migrate(database_url)
+    conn = await db()
+    broker = await open_broker(cluster, topo)
+    await broker.close()
+    await asyncio.to_thread(cluster.wait_all_online, topo.queue)
+    settings = cluster_settings(database_url, cluster.rabbitmq_url, topo)
+    first = await publish_load(
+        cluster.nodes[1].url,
+        topo.exchange,
+        LoadSpec("mixed", PER_RUN, duplicates=0.05, invalid=0.01, seed=1141),
+    )
+    leader = await asyncio.to_thread(cluster.leader_of, topo.queue)
+    procs = [
+        await recorders.start(cluster_settings(database_url, cluster.rabbitmq_url, topo, **o))
+        for o in ({}, {"bulk_recorder_size": 200, "rabbitmq_numbers_of_workers": 3})
+    ]
+    watch = await CommitWatch(database_url).start()
+    began = time.monotonic()
+    phases: dict[str, float] = {}
+    try:
+        # first kill: the leader, mid-run
+        await wait_for_rows(conn, KILL_AFTER, timeout=120)
+        killed_1 = time.monotonic()
+        await asyncio.to_thread(cluster.kill, leader)
+        assert watch.latest() < PER_RUN // 2, "the run was (nearly) over before the kill"
+        await asyncio.to_thread(cluster.wait_for_leader, topo.queue, not_on=leader)
+        await wait_for(lambda: watch.first_change_after(killed_1) is not None, timeout=60)
+        await asyncio.sleep(3)  # the scenario: the node stays down a few seconds
+        await asyncio.to_thread(cluster.restart, leader)
+        await asyncio.to_thread(cluster.wait_all_online, topo.queue)
+        phases["first node back"] = time.monotonic() - began
+        leader_2 = await asyncio.to_thread(cluster.leader_of, topo.queue)
+        assert leader_2 is not leader
+
+        # more work, published meanwhile through the restarted node, and the second kill: the
+        # new leader, mid-run again (the publisher's confirms wait for the next leader)
+        publisher = asyncio.create_task(
+            publish_load(
+                leader.url,
+                settings.rabbitmq_exchange,
+                LoadSpec("mixed", PER_RUN, duplicates=0.05, invalid=0.01, seed=1142),
+            )
+        )
+        first_valid = sum(len(ids) for ids in first.ids.values())
+        await wait_for_rows(conn, first_valid + KILL_AFTER, timeout=120)
+        killed_2 = time.monotonic()
+        await asyncio.to_thread(cluster.kill, leader_2)
+        assert watch.latest() < first_valid + PER_RUN // 2, "the run was over before the kill"
+        await asyncio.to_thread(cluster.wait_for_leader, topo.queue, not_on=leader_2)
+        second = await publisher
+        report, shapes = merge(first, second)
+        valid = sum(len(ids) for ids in report.ids.values())
+        phases["second kill"] = time.monotonic() - began
+        with contextlib.suppress(AssertionError):
+            await wait_for(lambda: watch.latest() >= valid, timeout=20)
+        phases["rows after the second kill (20 s max)"] = watch.latest() - first_valid
+        # Consumers whose channel lived on the dead node stay registered on the queue, with
+        # what they held, until that node is back: the operator restarts it.
+        await asyncio.to_thread(cluster.restart, leader_2)
+        phases["restarted"] = time.monotonic() - began
+
+        broker = await open_broker(cluster, topo)
+        try:
+            await wait_until_settled(db, broker, report, timeout=180)
+            assert all(p.running for p in procs), "a recorder died"
+            for proc in procs:
+                assert await proc.terminate() == 0
+            phases["settled"] = time.monotonic() - began
+            audit = await audit_run(conn, broker, report, faults=2, expected_dlq=shapes)
+        finally:
+            await broker.close()
+    finally:
+        await watch.stop()
+        print("\nphases:", {k: round(v, 1) for k, v in phases.items()})
+    print()
+    print(recovery_line(f"leader {leader.name} SIGKILLed", watch, killed_1))
+    print(recovery_line(f"new leader {leader_2.name} SIGKILLed", watch, killed_2))
+    audit.assert_exact(dlq_surplus_allowed=True)
+
+
+OUTBOX_ROWS = 20_000
+
+
+async def fill_outbox(conn, n: int, seed: int) -> LoadReport:
+    gen = Generator.create(seed)
+    report = LoadReport(published=n, valid=n)
+    rows = []
+    for i in range(n):
+        record_type = "transaction" if i % 2 else "credit_annotation"
+        record = gen.record(record_type)
+        report.ids[record_type].add(record["id"])
+        rows.append((record_type, record["id"], None, json.dumps(record).encode()))
+    async with conn.transaction():
+        await copy_to_outbox(conn, rows)
+        await notify(conn)
+    return report
+
+
+async def test_the_relay_drains_a_large_outbox_through_the_loss_of_its_node(
+    rabbit_cluster: RabbitCluster, cluster_topology: Topology, recorders, database_url, db
+) -> None:
+    cluster, topo = rabbit_cluster, cluster_topology
+    await migrate(database_url)
+    conn = await db()
+    broker = await open_broker(cluster, topo)
+    await broker.close()
+    await asyncio.to_thread(cluster.wait_all_online, topo.queue)
+    settings = cluster_settings(database_url, cluster.rabbitmq_url, topo)
+    report = await fill_outbox(conn, OUTBOX_ROWS, seed=1143)
+    recorder = await recorders.start(settings)
+    relay = await recorders.start(settings, args=(*RELAY, "--poll-interval", "0.2"), name="relay")
+    outbox = await CommitWatch(database_url, OUTBOX).start()
+    records = await CommitWatch(database_url).start()
+    try:
+
+        async def relay_node_known() -> bool:
+            return last_node_port(relay.log_text()) is not None
+
+        await wait_for(relay_node_known, timeout=60)
+        await wait_for(lambda: 0 < outbox.latest() <= OUTBOX_ROWS * 3 // 4, timeout=120)
+        port = last_node_port(relay.log_text())
+        victim = next(n for n in cluster.nodes if n.amqp_port == port)
+        leader = await asyncio.to_thread(cluster.leader_of, topo.queue)
+        killed = time.monotonic()
+        await asyncio.to_thread(cluster.kill, victim)
+        assert outbox.latest() > 0, "the outbox was empty before the kill"
+
+        async def outbox_empty() -> bool:
+            return int(await conn.fetchval(OUTBOX)) == 0
+
+        await wait_for(outbox_empty, timeout=180)
+        broker = await open_broker(cluster, topo)
+        try:
+            await wait_until_settled(db, broker, report, timeout=180)
+            assert recorder.running, "the recorder died"
+            assert relay.running, "the relay died"
+            assert await relay.terminate() == 0
+            assert await recorder.terminate() == 0
+            audit = await audit_run(conn, broker, report, faults=1, expected_dlq=Counter())
+        finally:
+            await broker.close()
+    finally:
+        await outbox.stop()
+        await records.stop()
+    moved = last_node_port(relay.log_text())
+    print()
+    print(
+        f"relay's node {victim.name} SIGKILLed with {outbox._before(killed)} of "
+        f"{OUTBOX_ROWS} rows unsent (queue leader {leader.name}); relay moved to port {moved}"
+    )
+    print(recovery_line("relay (outbox rows deleted)", outbox, killed))
+    print(recovery_line("recorder (rows committed)", records, killed))
+    assert moved != port
+    audit.assert_exact(dlq_surplus_allowed=False)

@@ -185,7 +185,9 @@ async def test_the_relay_drains_a_large_outbox_through_the_loss_of_its_node(
     settings = cluster_settings(database_url, cluster.rabbitmq_url, topo)
     report = await fill_outbox(conn, OUTBOX_ROWS, seed=1143)
     recorder = await recorders.start(settings)
-    relay = await recorders.start(settings, args=(*RELAY, "--poll-interval", "0.2"), name="relay")
+    # one lane: on a quiet machine several drain the rows before the test can kill a node
+    relay_args = (*RELAY, "--poll-interval", "0.2", "--lanes", "1")
+    relay = await recorders.start(settings, args=relay_args, name="relay")
     outbox = await CommitWatch(database_url, OUTBOX).start()
     records = await CommitWatch(database_url).start()
     try:
@@ -194,10 +196,10 @@ async def test_the_relay_drains_a_large_outbox_through_the_loss_of_its_node(
             return last_node_port(relay.log_text()) is not None
 
         await wait_for(relay_node_known, timeout=60)
+        leader = await asyncio.to_thread(cluster.leader_of, topo.queue)  # slow: before the wait
         await wait_for(lambda: 0 < outbox.latest() <= OUTBOX_ROWS * 3 // 4, timeout=120)
         port = last_node_port(relay.log_text())
         victim = next(n for n in cluster.nodes if n.amqp_port == port)
-        leader = await asyncio.to_thread(cluster.leader_of, topo.queue)
         killed = time.monotonic()
         await asyncio.to_thread(cluster.kill, victim)
         assert outbox.latest() > 0, "the outbox was empty before the kill"

@@ -35,6 +35,7 @@ from tests.cluster.failover_support import CommitWatch, recovery_line
 from tests.conftest import free_port, run_cli, settings_env, wait_for
 from tests.faults.audit import audit_run, wait_for_rows, wait_until_settled
 from tests.faults.conftest import API, RELAY
+from tests.integration.producer_support import bearer, provision_key
 
 pytestmark = [
     pytest.mark.cluster,
@@ -50,12 +51,13 @@ class Client:
 
     base_url: str
     gen: Generator
+    auth: dict[str, str]  # the API key's header
     accepted: dict[str, float] = field(default_factory=dict)  # id -> when
     unavailable: list[float] = field(default_factory=list)  # 503s with Retry-After
     other: list[str] = field(default_factory=list)
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=15) as http:
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=15, headers=self.auth) as http:
             while not stop.is_set():
                 await self._post_until_accepted(http, self.gen.transaction())
 
@@ -107,7 +109,7 @@ async def test_primary_killed_standby_promoted_with_recorders_relay_and_api(
 
     await wait_for(api_up, timeout=60)
     watch = await CommitWatch(dsn).start()
-    client = Client(base_url, Generator.create(seed=1151))
+    client = Client(base_url, Generator.create(seed=1151), bearer(await provision_key(dsn)))
     stop_client = asyncio.Event()
     posting = asyncio.create_task(client.run(stop_client))
     opened: list[asyncpg.Connection] = []  # connections of the settle check

@@ -71,11 +71,12 @@ async def test_a_read_only_server_gets_the_pool_renewed(
         return int(await conn.fetchval("SELECT last_value FROM refusals")) >= 2
 
     await wait_for(refused, timeout=30)
-    await conn.execute("DROP TRIGGER read_only ON credit_annotations")
+    # the note first: a retry landing between the two statements would go unnoted
     await conn.execute(
         "CREATE TRIGGER note_writer AFTER INSERT ON credit_annotations "
         "FOR EACH STATEMENT EXECUTE FUNCTION note_writer()"
     )
+    await conn.execute("DROP TRIGGER read_only ON credit_annotations")
     await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 6, timeout=60)
     assert await row_counts(conn) == 6
     writers = {r["pid"] for r in await conn.fetch("SELECT pid FROM writers")}

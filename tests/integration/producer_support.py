@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import asyncpg
 import httpx
 from aio_pika.abc import AbstractChannel
 
+from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.api import create_app
@@ -28,7 +28,7 @@ async def provision_key(
 ) -> str:
     """Migrate the database and make an API key for client ``name``; returns the key."""
     await migrate(database_url)
-    conn = await asyncpg.connect(database_url)
+    conn = await pg_hosts.connect(database_url)  # every host of a multi-host URL, as the API
     try:
         _, key = await create_key(conn, name, scopes)
     finally:

@@ -68,11 +68,15 @@ async def open_pool_when_ready(
     max_size: int,
     stop: asyncio.Event,
     command_timeout: float = COMMAND_TIMEOUT_S,
+    session_reset: bool = False,
+    tried: asyncio.Event | None = None,
 ) -> asyncpg.Pool | None:
     """Migrate and open a pool, retrying with backoff; None if ``stop`` is set first.
 
     Every command on the pool fails with ``TimeoutError`` after ``command_timeout`` seconds
-    without an answer (an outage to the callers, never bad data).
+    without an answer (an outage to the callers, never bad data). ``session_reset`` keeps
+    asyncpg's own reset on release (the API's connections carry session state: staging tables);
+    ``tried`` is set once the first attempt is over, whatever its outcome.
     """
     backoff = Backoff(base_s=0.2, cap_s=5.0)
     attempt = 0
@@ -84,7 +88,7 @@ async def open_pool_when_ready(
                 min_size=1,
                 max_size=max_size,
                 command_timeout=command_timeout,
-                reset=keep_session,
+                reset=None if session_reset else keep_session,
                 connect=pg_hosts.connect,
             )
         except MigrationRefused as exc:  # the owner's migrate may be on its way: wait for it
@@ -93,6 +97,9 @@ async def open_pool_when_ready(
             log.warning("database at %s not reachable yet (%r); retrying", endpoint(dsn), exc)
         except Exception:  # a surprise from the driver must not end the service
             log.exception("unexpected error while connecting to the database; retrying")
+        finally:
+            if tried is not None:
+                tried.set()
         await wait_or_stop(stop, backoff.delay(attempt))
         attempt += 1
     return None

@@ -33,16 +33,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from bulk_recorder.infra import pg_hosts
+from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.api.api_docs import serve_docs_offline
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
@@ -93,24 +91,25 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        await migrate(settings.database_url)
-        ctx.pool = await asyncpg.create_pool(
-            settings.database_url,
-            min_size=1,
-            max_size=pool_max_size,
-            command_timeout=60,
-            connect=pg_hosts.connect,
-        )
-        mode = "async (outbox, 202)" if settings.rabbitmq_transaction_async else "sync (201)"
-        log.info("ingest API ready: transactions %s", mode)
+        # The database may not be there yet: like the recorder and the relay, the API keeps
+        # trying (the log names the host) and answers meanwhile, /readyz and /v1 with 503.
+        # Serving starts once the first attempt is over, so a database that is up is ready first.
+        stop, tried = asyncio.Event(), asyncio.Event()
+        opening = asyncio.create_task(_open_pool(ctx, stop, tried))
+        first = asyncio.ensure_future(tried.wait())
+        await asyncio.wait([opening, first], return_when=asyncio.FIRST_COMPLETED)
+        first.cancel()
         try:
             yield
         finally:
+            stop.set()
+            await asyncio.gather(opening, return_exceptions=True)
             pool, ctx.pool = ctx.pool, None
-            try:
-                await asyncio.wait_for(pool.close(), 10)
-            except TimeoutError:
-                pool.terminate()
+            if pool is not None:
+                try:
+                    await asyncio.wait_for(pool.close(), 10)
+                except TimeoutError:
+                    pool.terminate()
 
     app = _Api(
         title="bulk-recorder ingest API",
@@ -130,6 +129,21 @@ def create_app(
     add_transaction_routes(app, ctx)
     add_job_routes(app, ctx)
     return app
+
+
+async def _open_pool(ctx: ApiContext, stop: asyncio.Event, tried: asyncio.Event) -> None:
+    settings = ctx.settings
+    ctx.pool = await open_pool_when_ready(
+        settings.database_url,
+        max_size=ctx.pool_max_size,
+        stop=stop,
+        command_timeout=60,
+        session_reset=True,
+        tried=tried,
+    )
+    if ctx.pool is not None:
+        mode = "async (outbox, 202)" if settings.rabbitmq_transaction_async else "sync (201)"
+        log.info("ingest API ready: transactions %s", mode)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

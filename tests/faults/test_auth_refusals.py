@@ -6,7 +6,6 @@ transaction id stays unique in the ledger (409). Every refusal is counted by rea
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import subprocess
@@ -22,7 +21,7 @@ from bulk_recorder.producer.api.auth import hash_key
 from consumer.tools.loadgen import Generator
 from settings import Settings
 from tests.conftest import free_port, wait_for
-from tests.faults.conftest import REPO, settings_env
+from tests.faults.conftest import API, REPO, RecorderProcess, settings_env
 from tests.integration.producer_support import bearer, ndjson, provision_key
 
 pytestmark = [pytest.mark.postgres]
@@ -55,39 +54,27 @@ class ApiProcess:
 
 @contextlib.asynccontextmanager
 async def api_process(settings: Settings, log_path: Path) -> AsyncIterator[ApiProcess]:
-    with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "consumer.cli",
-            "api",
-            env=settings_env(settings),
-            stdout=log_file,
-            stderr=log_file,
-            cwd=REPO,
-        )
-        api = ApiProcess(settings, log_path)
-        try:
+    """A ``bulk-recorder api`` child process (the fault suite's runner), once it is ready."""
+    proc = RecorderProcess(settings, log_path, API)
+    await proc.start()
+    api = ApiProcess(settings, log_path)
+    try:
 
-            async def up() -> bool:
-                if proc.returncode is not None:
-                    raise AssertionError(f"the API exited: {api.log_text()}")
-                try:
-                    return (await api.http.get("/readyz")).status_code == 200
-                except httpx.TransportError:
-                    return False
+        async def up() -> bool:
+            if not proc.running:
+                raise AssertionError(f"the API exited: {api.log_text()}")
+            try:
+                return (await api.http.get("/readyz")).status_code == 200
+            except httpx.TransportError:
+                return False
 
-            await wait_for(up, timeout=60)
-            yield api
-        finally:
-            await api.http.aclose()
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 30)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+        await wait_for(up, timeout=60)
+        yield api
+    finally:
+        await api.http.aclose()
+        if proc.running:
+            with contextlib.suppress(AssertionError):  # killed after 30 s: the test has failed
+                await proc.terminate(timeout=30)
 
 
 def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

@@ -50,8 +50,8 @@ class Figures:
 
 
 @contextlib.contextmanager
-def maybe_proxy(latency_ms: float, delay_ms: float) -> Iterator[int | None]:
-    if latency_ms <= 0:
+def maybe_proxy(latency_ms: float, delay_ms: float, zero: bool) -> Iterator[int | None]:
+    if latency_ms <= 0 and not zero:
         yield None
         return
     with delay_proxy(delay_ms) as port:
@@ -157,7 +157,9 @@ async def main_async(args: argparse.Namespace) -> None:
                         continue
                     config = single if mode == "per-message" else bulk
                     src = alts.get(mode[6:-1]) if mode.startswith("bulk [") else None
-                    with maybe_proxy(latency, latencies.get(latency, 0.0)) as port:
+                    with maybe_proxy(
+                        latency, latencies.get(latency, 0.0), args.proxy_at_zero
+                    ) as port:
                         rate, us, pg, flush = await run_recorder(
                             record_type, count, config, port, src
                         )
@@ -166,6 +168,7 @@ async def main_async(args: argparse.Namespace) -> None:
                     fig.pg_ms_per_1k.add(pg)
                     fig.flush_mean.add(flush)
     report(figures, args)
+    report_distance(figures, args)
     save_json(
         args.json,
         {
@@ -228,7 +231,9 @@ def report(figures: dict[tuple[str, float, str], Figures], args: argparse.Namesp
                     "",
                 )
             )
-        where = "loopback" if latency <= 0 else f"database +{latency:g} ms round trip (proxy)"
+        where = f"database +{latency:g} ms round trip (proxy)"
+        if latency <= 0:
+            where = "through a 0 ms proxy" if args.proxy_at_zero else "loopback"
         emit(
             f"End to end, {where}: bulk {args.count:,} / per-message {args.per_message_count:,} "
             f"records a run, median (min-max) of {args.runs} runs",
@@ -249,6 +254,38 @@ def report(figures: dict[tuple[str, float, str], Figures], args: argparse.Namesp
         )
 
 
+def report_distance(
+    figures: dict[tuple[str, float, str], Figures], args: argparse.Namespace
+) -> None:
+    """Bulk at each added round trip over bulk at the first one, per round (issue 13)."""
+    base = args.db_latency_ms[0]
+    modes = ["bulk", *(f"bulk [{a.partition('=')[0]}]" for a in args.alt)]
+    rows = []
+    for record_type in args.types:
+        for mode in modes:
+            at_base = figures.get((record_type, base, mode))
+            for latency in args.db_latency_ms[1:]:
+                fig = figures.get((record_type, latency, mode))
+                if fig is None or at_base is None:
+                    continue
+                rows.append(
+                    (
+                        record_type,
+                        mode,
+                        f"+{latency:g} ms",
+                        fig.rate.fmt(),
+                        at_base.rate.fmt(),
+                        ratio(fig.rate, at_base.rate).fmt(2, "x"),
+                    )
+                )
+    if rows:
+        where = "a 0 ms proxy" if args.proxy_at_zero else "loopback"
+        emit(
+            f"Database distance: bulk throughput at each round trip over {where}, same rounds",
+            table(["type", "mode", "round trip", "msg/s", f"msg/s via {where}", "ratio"], rows),
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--count", type=int, default=20_000, help="records per bulk/raw run")
@@ -266,6 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[0.0],
         help="added database round trips to run (0: loopback; e.g. 0 1)",
+    )
+    parser.add_argument(
+        "--proxy-at-zero",
+        action="store_true",
+        help="run the 0 ms case through the proxy too (delay 0), so every case pays its hop",
     )
     parser.add_argument(
         "--raw", nargs="*", choices=("aio-pika", "aiormq"), default=["aio-pika", "aiormq"]

@@ -77,7 +77,7 @@ class RecorderConfig:
     def channel_prefetch(self) -> int:
         """Mirror of settings.Settings.channel_prefetch (the QoS the recorder sets)."""
         base = self.workers * self.prefetch
-        return min(max(base, 2 * self.batch_size), 65_535)
+        return min(max(base, (self.workers + 1) * self.batch_size), 65_535)
 
 
 class RecorderProcess:

@@ -1,141 +1,76 @@
-"""PgWriter: one DB transaction a flush, ids sorted, bounded chunks, idempotent inserts.
+"""PgWriter: ids sorted, bounded chunks, idempotent inserts, one round trip a chunk.
 
 Each flush:
 1. drops records repeated inside the flush (same id: the first wins, the rest count as ignored),
 2. sorts every table's rows by key so that concurrent writers take row locks in one order,
-3. inserts in chunks of at most ``rows_per_insert(columns)`` rows with ``unnest`` arrays and
-   ``ON CONFLICT (id) DO NOTHING RETURNING id``,
-4. inserts operations only for transactions the insert reported as new (so an operation id that
-   belongs to another transaction is a real conflict, surfaced as a data error), and applies
-   balance deltas for those same transactions, aggregated per (account, asset) and in key order,
+3. writes transactions in chunks of at most ``rows_per_insert`` transactions (and operations),
+   each chunk ONE statement (``statements.WRITE_TRANSACTIONS``): the insert with
+   ``ON CONFLICT (id) DO NOTHING RETURNING id``, the operations of the transactions it reported
+   as new (so an operation id that belongs to another transaction is a real conflict, surfaced
+   as a data error), and those transactions' balance deltas, aggregated per (account, asset) in
+   key order. A statement is atomic, so a chunk commits whole or not at all;
+4. inserts annotations in chunks of at most ``rows_per_insert`` rows, ``ON CONFLICT (id) DO
+   NOTHING RETURNING id``;
 5. for annotations the insert ignored that carry a job id other than the stored row's, records
    (job_id, id) in ``credit_annotation_job_repeats`` (a job's progress counts its own rows plus
-   these); this step runs only when the flush had ignored rows,
-6. commits once. A redelivered message therefore changes nothing.
+   these); this step runs only when the flush had ignored rows, and reads the stored rows, so
+   it gives the same answer when a redelivery runs it again.
+
+No BEGIN or COMMIT: every statement runs in autocommit. A flush that fails part-way may leave
+its first chunks committed; its deliveries are not acked, and the redelivery changes nothing
+that is already there (the inserts ignore known ids, and operations and balances follow only
+new transactions). A redelivered message therefore changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Protocol
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from bulk_recorder.infra.errors import classify, renew_if_server_gone
+from bulk_recorder.recorder.statements import (
+    ANNOTATION_COLUMNS,
+    INSERT_ANNOTATIONS,
+    MAX_ROWS_PER_INSERT,
+    OPERATION_COLUMNS,
+    PG_MAX_PARAMETERS,
+    RECORD_REPEATS,
+    TRANSACTION_COLUMNS,
+    WRITE_TRANSACTIONS,
+    annotation_arguments,
+    chunked,
+    rows_per_insert,
+    transaction_arguments,
+    transaction_chunks,
+)
 from bulk_recorder.records import CreditAnnotation, Operation, Record, Transaction
 
 log = logging.getLogger("bulk_recorder.writer")  # the name logs have always carried
 
 Connection = asyncpg.Connection | PoolConnectionProxy
 
-PG_MAX_PARAMETERS = 65_535
-MAX_ROWS_PER_INSERT = 1_000
-
-TRANSACTION_COLUMNS = (
-    "id",
-    "organization_id",
-    "ledger_id",
-    "description",
-    "status",
-    "asset_code",
-    "amount",
-    "created_at",
-    "metadata",
-)
-OPERATION_COLUMNS = (
-    "id",
-    "transaction_id",
-    "account_id",
-    "type",
-    "amount",
-    "asset_code",
-    "created_at",
-)
-ANNOTATION_COLUMNS = (
-    "id",
-    "job_id",
-    "document",
-    "document_type",
-    "kind",
-    "creditor",
-    "amount",
-    "occurred_on",
-    "reason",
-)
-
-_INSERT_TRANSACTIONS = """
-INSERT INTO transactions (id, organization_id, ledger_id, description, status, asset_code,
-                          amount, created_at, metadata)
-SELECT u.id::uuid, u.organization_id::uuid, u.ledger_id::uuid, u.description, u.status,
-       u.asset_code, u.amount::numeric, coalesce(u.created_at, now()), u.metadata::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::text[], $8::timestamptz[], $9::text[])
-     AS u(id, organization_id, ledger_id, description, status, asset_code, amount, created_at,
-          metadata)
-ON CONFLICT (id) DO NOTHING
-RETURNING id::text
-"""
-
-_INSERT_OPERATIONS = """
-INSERT INTO operations (id, transaction_id, account_id, type, amount, asset_code, created_at)
-SELECT u.id::uuid, u.transaction_id::uuid, u.account_id::uuid, u.type, u.amount::numeric,
-       u.asset_code, coalesce(u.created_at, now())
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::timestamptz[])
-     AS u(id, transaction_id, account_id, type, amount, asset_code, created_at)
-"""
-
-_APPLY_BALANCES = """
-INSERT INTO balances AS b (account_id, asset_code, available)
-SELECT u.account_id::uuid, u.asset_code, u.delta::numeric
-FROM unnest($1::text[], $2::text[], $3::text[]) AS u(account_id, asset_code, delta)
-ON CONFLICT (account_id, asset_code)
-DO UPDATE SET available = b.available + EXCLUDED.available, updated_at = now()
-"""
-
-_INSERT_ANNOTATIONS = """
-INSERT INTO credit_annotations (id, job_id, document, document_type, kind, creditor, amount,
-                                occurred_on, reason)
-SELECT u.id::uuid, u.job_id::uuid, u.document, u.document_type, u.kind, u.creditor,
-       u.amount::numeric, u.occurred_on, u.reason
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-            $7::text[], $8::date[], $9::text[])
-     AS u(id, job_id, document, document_type, kind, creditor, amount, occurred_on, reason)
-ON CONFLICT (id) DO NOTHING
-RETURNING id::text
-"""
-
-# Only for pairs whose id is stored with another job (or none): a job's own rows never repeat.
-_RECORD_REPEATS = """
-INSERT INTO credit_annotation_job_repeats (job_id, annotation_id)
-SELECT u.job_id::uuid, u.id::uuid
-FROM unnest($1::text[], $2::text[]) AS u(job_id, id)
-JOIN credit_annotations AS a ON a.id = u.id::uuid
-WHERE a.job_id IS DISTINCT FROM u.job_id::uuid
-ORDER BY 1, 2
-ON CONFLICT DO NOTHING
-"""
-
-
-def rows_per_insert(columns: int, setting: int = MAX_ROWS_PER_INSERT) -> int:
-    """Rows per INSERT: the setting, capped by 1000 and by the 65,535-parameter limit."""
-    if columns < 1:
-        raise ValueError("columns must be >= 1")
-    return max(1, min(setting, MAX_ROWS_PER_INSERT, PG_MAX_PARAMETERS // columns))
-
-
-def chunked(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    """Consecutive slices of at most ``size`` items."""
-    if size < 1:
-        raise ValueError("size must be >= 1")
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+__all__ = [
+    "ANNOTATION_COLUMNS",
+    "MAX_ROWS_PER_INSERT",
+    "OPERATION_COLUMNS",
+    "PG_MAX_PARAMETERS",
+    "TRANSACTION_COLUMNS",
+    "PgWriter",
+    "WriteResult",
+    "Writer",
+    "balance_deltas",
+    "chunked",
+    "dedupe_sorted",
+    "rows_per_insert",
+]
 
 
 def dedupe_sorted(records: Sequence[Record]) -> tuple[list[Record], int]:
@@ -178,12 +113,14 @@ class Writer(Protocol):
 
 
 class PgWriter:
-    """Writes a flush in one PostgreSQL transaction (see the module docstring)."""
+    """Writes a flush, one statement a chunk (see the module docstring)."""
 
     def __init__(self, pool: asyncpg.Pool, *, max_rows_per_insert: int = MAX_ROWS_PER_INSERT):
         self._pool = pool
-        self._tx_rows = rows_per_insert(len(TRANSACTION_COLUMNS), max_rows_per_insert)
-        self._op_rows = rows_per_insert(len(OPERATION_COLUMNS), max_rows_per_insert)
+        self._tx_rows = min(  # transactions and operations per statement
+            rows_per_insert(len(TRANSACTION_COLUMNS), max_rows_per_insert),
+            rows_per_insert(len(OPERATION_COLUMNS), max_rows_per_insert),
+        )
         self._ann_rows = rows_per_insert(len(ANNOTATION_COLUMNS), max_rows_per_insert)
 
     async def write(self, records: Sequence[Record]) -> WriteResult:
@@ -193,7 +130,7 @@ class PgWriter:
             (transactions if isinstance(record, Transaction) else annotations).append(record)
         result = WriteResult()
         try:
-            async with self._pool.acquire() as conn, conn.transaction():
+            async with self._pool.acquire() as conn:
                 if transactions:
                     await self._write_transactions(conn, transactions, result)
                 if annotations:
@@ -233,19 +170,8 @@ class PgWriter:
         unique, _ = dedupe_sorted(records)
         txs: list[Transaction] = [r for r in unique if isinstance(r, Transaction)]
         new_ids: set[str] = set()
-        for chunk in chunked(txs, self._tx_rows):
-            rows = await conn.fetch(
-                _INSERT_TRANSACTIONS,
-                [t.id for t in chunk],
-                [t.organization_id for t in chunk],
-                [t.ledger_id for t in chunk],
-                [t.description for t in chunk],
-                [t.status for t in chunk],
-                [t.asset_code for t in chunk],
-                [str(t.amount) for t in chunk],
-                [t.created_at for t in chunk],
-                [t.metadata for t in chunk],
-            )
+        for chunk in transaction_chunks(txs, self._tx_rows):
+            rows = await conn.fetch(WRITE_TRANSACTIONS, *transaction_arguments(chunk))
             new_ids.update(row[0] for row in rows)
         counts = result.table("transactions")
         counts.attempted += len(records)
@@ -254,36 +180,15 @@ class PgWriter:
         if not new_ids:
             return
         fresh = [t for t in txs if t.id in new_ids]
-        operations = sorted(
-            ((op, t) for t in fresh for op in t.operations), key=lambda pair: pair[0].id
-        )
-        for chunk in chunked(operations, self._op_rows):
-            await conn.execute(
-                _INSERT_OPERATIONS,
-                [op.id for op, _ in chunk],
-                [t.id for _, t in chunk],
-                [op.account_id for op, _ in chunk],
-                [op.type for op, _ in chunk],
-                [str(op.amount) for op, _ in chunk],
-                [op.asset_code for op, _ in chunk],
-                [t.created_at for _, t in chunk],
-            )
+        operations = sum(len(t.operations) for t in fresh)
         ops = result.table("operations")
-        ops.attempted += len(operations)
-        ops.inserted += len(operations)
-        deltas = balance_deltas(fresh)
-        if deltas:
-            keys = sorted(deltas)
-            for chunk in chunked(keys, rows_per_insert(3)):
-                await conn.execute(
-                    _APPLY_BALANCES,
-                    [k[0] for k in chunk],
-                    [k[1] for k in chunk],
-                    [str(deltas[k]) for k in chunk],
-                )
+        ops.attempted += operations
+        ops.inserted += operations
+        keys = len(balance_deltas(fresh))
+        if keys:
             bal = result.table("balances")
-            bal.attempted += len(keys)
-            bal.inserted += len(keys)
+            bal.attempted += keys
+            bal.inserted += keys
 
     async def _write_annotations(
         self, conn: Connection, records: list[Record], result: WriteResult
@@ -293,18 +198,7 @@ class PgWriter:
         inserted = 0
         returned: list[list[asyncpg.Record]] = []
         for chunk in chunked(anns, self._ann_rows):
-            rows = await conn.fetch(
-                _INSERT_ANNOTATIONS,
-                [a.id for a in chunk],
-                [a.job_id for a in chunk],
-                [a.document for a in chunk],
-                [a.document_type for a in chunk],
-                [a.kind for a in chunk],
-                [a.creditor for a in chunk],
-                [str(a.amount) for a in chunk],
-                [a.occurred_on for a in chunk],
-                [a.reason for a in chunk],
-            )
+            rows = await conn.fetch(INSERT_ANNOTATIONS, *annotation_arguments(chunk))
             inserted += len(rows)
             returned.append(rows)
         counts = result.table("credit_annotations")
@@ -339,9 +233,7 @@ class PgWriter:
             }
         )
         for chunk in chunked(pairs, self._ann_rows):
-            await conn.execute(
-                _RECORD_REPEATS, [job for job, _ in chunk], [ann for _, ann in chunk]
-            )
+            await conn.execute(RECORD_REPEATS, [job for job, _ in chunk], [ann for _, ann in chunk])
 
 
 def _probe_records() -> tuple[Transaction, CreditAnnotation]:

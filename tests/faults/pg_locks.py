@@ -1,9 +1,9 @@
 """Holding the recorder's flush at a PostgreSQL lock, and seeing that it waits there.
 
-A test session takes a table lock (a "gate"); the recorder's next statement on that table waits
-for it. While it waits, the test knows exactly where the flush is, and can inject a fault there
-(terminate the backend, close a deadlock cycle, commit a concurrent update) as many times as it
-likes: every retry of the flush comes back to the same gate.
+A test session takes a table lock (a "gate") or a row lock; the recorder's next statement that
+needs it waits for it. While it waits, the test knows exactly where the flush is, and can inject
+a fault there (terminate the backend, close a deadlock cycle, commit a concurrent update) as
+many times as it likes: every retry of the flush comes back to the same gate.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ _RELATION_WAITERS = """
 SELECT pid FROM pg_locks
 WHERE locktype = 'relation' AND relation = $1::regclass AND NOT granted
   AND NOT pid = ANY($2::int[])
+ORDER BY pid
+"""
+_BLOCKED_BY = """
+SELECT pid FROM pg_stat_activity
+WHERE $1::int = ANY(pg_blocking_pids(pid)) AND NOT pid = ANY($2::int[])
 ORDER BY pid
 """
 _XACT_WAITER = """
@@ -58,6 +63,31 @@ async def wait_for_xact_waiter(conn: asyncpg.Connection, pid: int, timeout: floa
 
     async def waiting() -> bool:
         return bool(await conn.fetchval(_XACT_WAITER, pid))
+
+    await wait_for(waiting, timeout=timeout, interval=0.02)
+
+
+async def wait_for_blocked_by(
+    conn: asyncpg.Connection, holder: int, exclude: Collection[int] = (), timeout: float = 30
+) -> int:
+    """The pid of a backend that waits for a lock ``holder`` holds (a row, a transaction or a
+    table), once there is one."""
+    found: list[int] = []
+
+    async def waiting() -> bool:
+        rows = await conn.fetch(_BLOCKED_BY, holder, list(exclude))
+        found[:] = [int(r[0]) for r in rows]
+        return bool(found)
+
+    await wait_for(waiting, timeout=timeout, interval=0.02)
+    return found[0]
+
+
+async def wait_for_blocked(conn: asyncpg.Connection, pid: int, timeout: float = 30) -> None:
+    """Until backend ``pid`` waits for a lock another backend holds."""
+
+    async def waiting() -> bool:
+        return bool(await conn.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid))
 
     await wait_for(waiting, timeout=timeout, interval=0.02)
 

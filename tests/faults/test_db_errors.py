@@ -29,9 +29,8 @@ from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.audit import audit_run, report_for
 from tests.faults.pg_locks import (
     close_gate,
-    relation_waiters,
+    wait_for_blocked_by,
     wait_for_relation_waiter,
-    wait_for_xact_waiter,
 )
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -76,14 +75,32 @@ async def pid_of(conn: asyncpg.Connection) -> int:
     return int(await conn.fetchval("SELECT pg_backend_pid()"))
 
 
-def batch(seed: int) -> tuple[dict[str, Any], list[tuple[bytes, str | None]]]:
-    """One transaction and three annotations: one flush of four."""
+def batch(
+    seed: int, transactions: int = 1
+) -> tuple[dict[str, Any], list[tuple[bytes, str | None]]]:
+    """``transactions`` transactions and annotations to make four messages: one flush of four.
+    Returns the first transaction too."""
     gen = Generator.create(seed=seed)
-    tx = gen.transaction()
-    messages: list[tuple[bytes, str | None]] = [(json.dumps(tx).encode(), "transaction")]
-    for _ in range(3):
+    txs = [gen.transaction() for _ in range(transactions)]
+    messages: list[tuple[bytes, str | None]] = [
+        (json.dumps(tx).encode(), "transaction") for tx in txs
+    ]
+    for _ in range(4 - transactions):
         messages.append((json.dumps(gen.credit_annotation()).encode(), "credit_annotation"))
-    return tx, messages
+    return txs[0], messages
+
+
+LOCK_ROW = "SELECT 1 FROM balances WHERE account_id = $1 AND asset_code = $2 FOR UPDATE"
+
+
+async def own_balance_row(admin: asyncpg.Connection, tx: dict[str, Any]) -> tuple[str, str]:
+    """Store the balance row of the transaction's debited account; its key."""
+    debit = next(op for op in tx["operations"] if op["type"] == "DEBIT")
+    key = (debit["account_id"], debit["asset_code"])
+    await admin.execute(
+        "INSERT INTO balances (account_id, asset_code, available) VALUES ($1, $2, 0)", *key
+    )
+    return key
 
 
 async def start(start_recorder: Any, make_settings: Any) -> RunningRecorder:
@@ -143,30 +160,28 @@ async def test_admin_shutdown_of_the_flush_is_an_outage(
 async def test_deadlock_victim_flush_is_an_outage(
     make_settings, start_recorder, broker, db, database_url, write_errors: list[str]
 ) -> None:
-    """The flush inserts transaction A, then waits at a gate on ``operations``; a partner that
-    holds ``balances`` starts waiting for A; the gate opens, the flush reaches ``balances`` and
-    closes the cycle. Its short deadlock_timeout makes it the victim; the partner's long one
-    keeps it waiting. A fresh gate is queued behind the flush before each opening, so every
-    retry stops at a gate again."""
+    """A partner holds the balance row of the flush's debited account. The flush's statement
+    inserts transaction A and its operations, then waits for that row; the partner then inserts
+    A and waits for the flush: a cycle. The flush's short deadlock_timeout makes it the victim;
+    the partner's long one keeps it waiting. The partner rolls back to a savepoint (A goes, the
+    row lock stays), so every retry meets the same cycle."""
     await migrate(database_url)
     admin = await db()
     await admin.execute(
-        f"ALTER DATABASE \"{database_name(database_url)}\" SET deadlock_timeout = '100ms'"
+        f"ALTER DATABASE \"{database_name(database_url)}\" SET deadlock_timeout = '1s'"
     )
-    partner, gates = await db(), [await db(), await db()]
+    tx, messages = batch(seed=102)
+    debit = await own_balance_row(admin, tx)
+    partner = await db()
     await partner.execute("SET deadlock_timeout = '60s'")
     partner_pid = await pid_of(partner)
-    gate_pids = [await pid_of(g) for g in gates]
-    mine = [await pid_of(admin), partner_pid, *gate_pids]
-    tx, messages = batch(seed=102)
+    mine = [await pid_of(admin), partner_pid]
     await partner.execute("BEGIN")
-    await partner.execute("LOCK TABLE balances IN SHARE ROW EXCLUSIVE MODE")
-    await close_gate(gates[0], "operations")
+    await partner.execute(LOCK_ROW, *debit)
     rec = await start(start_recorder, make_settings)
     await broker.publish_many(messages)
     for n in range(CYCLES):
-        gate, queued_gate = gates[n % 2], gates[(n + 1) % 2]
-        await wait_for_relation_waiter(admin, "operations", exclude=mine)  # A is inserted
+        await wait_for_blocked_by(admin, partner_pid, exclude=mine)  # A is in, the row is not
         await partner.execute("SAVEPOINT cycle")
         clash = asyncio.create_task(
             partner.execute(
@@ -178,20 +193,10 @@ async def test_deadlock_victim_flush_is_an_outage(
                 tx["asset_code"],
             )
         )
-        await wait_for_xact_waiter(admin, partner_pid)  # the partner waits for the flush
-        queued = asyncio.create_task(close_gate(queued_gate, "operations"))
-
-        async def queued_behind(pid: int = gate_pids[(n + 1) % 2]) -> bool:
-            return pid in await relation_waiters(admin, "operations")
-
-        await wait_for(queued_behind)
-        await gate.execute("COMMIT")  # the flush goes on to balances: a cycle, and its victim
         await wait_for(lambda: len(write_errors) > n)  # noqa: B023 - this attempt failed
         await asyncio.wait_for(clash, 30)  # the partner got A: the flush rolled back
         await partner.execute("ROLLBACK TO SAVEPOINT cycle")
-        await asyncio.wait_for(queued, 30)
     await partner.execute("ROLLBACK")
-    await gates[CYCLES % 2].execute("COMMIT")
     await recorded_once(rec, broker, db, messages)
     assert write_errors == ["40P01"] * CYCLES
     assert rec.value("bulk_recorder_db_retries_total") == CYCLES
@@ -200,49 +205,38 @@ async def test_deadlock_victim_flush_is_an_outage(
 async def test_serialization_failure_of_the_flush_is_an_outage(
     make_settings, start_recorder, broker, db, database_url, write_errors: list[str]
 ) -> None:
-    """Repeatable read: the flush's snapshot is taken at its first insert; a gate holding
-    ``balances`` has updated the debited account's row and commits while the flush waits for
-    it, so the flush's upsert meets a row changed after its snapshot. A fresh gate, queued
-    behind the flush, updates the row again for the next attempt."""
+    """Repeatable read: the flush's snapshot is taken when its statement starts. Its two
+    transactions move four balance rows; three gates have each updated one of them, uncommitted. The
+    flush upserts the rows in key order and waits for the first gate's row; that gate commits,
+    so the flush meets a row changed after its snapshot (40001). The retry's snapshot sees that
+    row, and waits at the next gate's: one failure per gate, in order."""
     await migrate(database_url)
     admin = await db()
     await admin.execute(
         f'ALTER DATABASE "{database_name(database_url)}"'
         " SET default_transaction_isolation = 'repeatable read'"
     )
-    tx, messages = batch(seed=103)
-    debit = next(op for op in tx["operations"] if op["type"] == "DEBIT")
-    await admin.execute(
-        "INSERT INTO balances (account_id, asset_code, available) VALUES ($1, $2, 0)",
-        debit["account_id"],
-        debit["asset_code"],
-    )
-    touch = "UPDATE balances SET available = available WHERE account_id = $1 AND asset_code = $2"
-    gates = [await db(), await db()]
+    _, messages = batch(seed=103, transactions=2)
+    operations = [op for body, _ in messages[:2] for op in json.loads(body)["operations"]]
+    keys = sorted({(op["account_id"], op["asset_code"]) for op in operations})[:CYCLES]
+    gates = [await db() for _ in keys]
     gate_pids = [await pid_of(g) for g in gates]
     mine = [await pid_of(admin), *gate_pids]
-
-    async def open_gate_and_touch(conn: asyncpg.Connection) -> None:
-        await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-        await conn.execute("LOCK TABLE balances IN SHARE ROW EXCLUSIVE MODE")
-        await conn.execute(touch, debit["account_id"], debit["asset_code"])
-
-    await open_gate_and_touch(gates[0])
+    for gate, key in zip(gates, keys, strict=True):
+        await admin.execute(
+            "INSERT INTO balances (account_id, asset_code, available) VALUES ($1, $2, 0)", *key
+        )
+        await gate.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        await gate.execute(
+            "UPDATE balances SET available = available WHERE account_id = $1 AND asset_code = $2",
+            *key,
+        )
     rec = await start(start_recorder, make_settings)
     await broker.publish_many(messages)
-    for n in range(CYCLES):
-        gate, queued_gate = gates[n % 2], gates[(n + 1) % 2]
-        await wait_for_relation_waiter(admin, "balances", exclude=mine)  # snapshot taken
-        queued = asyncio.create_task(open_gate_and_touch(queued_gate))
-
-        async def queued_behind(pid: int = gate_pids[(n + 1) % 2]) -> bool:
-            return pid in await relation_waiters(admin, "balances")
-
-        await wait_for(queued_behind)
+    for n, gate in enumerate(gates):
+        await wait_for_blocked_by(admin, gate_pids[n], exclude=mine)  # the flush waits here
         await gate.execute("COMMIT")  # the flush's upsert meets the committed update: 40001
         await wait_for(lambda: len(write_errors) > n)  # noqa: B023 - this attempt failed
-        await asyncio.wait_for(queued, 30)
-    await gates[CYCLES % 2].execute("ROLLBACK")
     await recorded_once(rec, broker, db, messages)
     assert write_errors == ["40001"] * CYCLES
     assert rec.value("bulk_recorder_db_retries_total") == CYCLES

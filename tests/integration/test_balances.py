@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import Record, Transaction, decode
 from consumer.tools.loadgen import Generator
 from tests.conftest import settings_env, wait_for
+from tests.faults.pg_locks import close_gate, wait_for_relation_waiter
 from tests.integration.producer_support import (
     api_client,
     balances,
@@ -105,12 +107,18 @@ class RecordingPool:
         self.statements.append((query, args))
         return await self.conn.execute(query, *args)
 
-    def keys(self, table: str, columns: int = 1) -> list[Any]:
-        """The keys sent to ``INSERT INTO table``, statement after statement, in order."""
-        out: list[Any] = []
+    def keys(self, table: str, columns: int = 1) -> list[list[Any]]:
+        """The keys sent to ``INSERT INTO table``, a list per statement, in order: the first
+        ``columns`` arrays of the ``unnest`` that follows the INSERT (a statement may hold
+        several INSERTs as data-modifying CTEs)."""
+        out: list[list[Any]] = []
         for query, args in self.statements:
-            if f"INSERT INTO {table} " in query:
-                out += list(zip(*args[:columns], strict=True)) if columns > 1 else list(args[0])
+            at = query.find(f"INSERT INTO {table} ")
+            if at < 0:
+                continue
+            first = int(re.search(r"unnest\(\$(\d+)", query[at:]).group(1)) - 1  # type: ignore[union-attr]
+            arrays = args[first : first + columns]
+            out.append(list(zip(*arrays, strict=True)) if columns > 1 else list(arrays[0]))
         return out
 
 
@@ -139,10 +147,14 @@ async def test_every_write_sends_its_keys_in_sorted_order(database_url) -> None:
         ("balances", 2),
         ("credit_annotations", 1),
     ):
-        sent = pool.keys(table, columns)
-        assert len(sent) > 1, table
-        assert sent == sorted(sent), f"{table}: keys not sent in sorted order"
-    assert len(pool.keys("transactions")) == 60
+        statements = pool.keys(table, columns)
+        assert len(statements) > 1, table
+        assert sum(len(sent) > 1 for sent in statements) > 1, table
+        for sent in statements:  # a statement is atomic: its locks are taken in this order
+            assert sent == sorted(sent), f"{table}: keys not sent in sorted order"
+    ids = [key for sent in pool.keys("transactions") for key in sent]
+    assert len(ids) == 60
+    assert ids == sorted(ids), "transactions: chunks not sent in key order"
 
 
 async def test_concurrent_writers_on_hot_accounts_neither_deadlock_nor_drift(database_url) -> None:
@@ -196,11 +208,14 @@ async def test_duplicates_and_two_recorders_give_exact_balances(
 async def test_recorder_killed_mid_run_redeliveries_do_not_move_balances_twice(
     make_settings, start_recorder, broker, db, tmp_path: Path
 ) -> None:
+    """SIGKILL with flushes in flight: the first half recorded, the second held at a lock on
+    ``balances`` (so the kill lands mid-run however fast the machine), then redelivered."""
     settings = make_settings(bulk_recorder_size=100)
-    count = 20_000  # large enough that the kill at 1,000 lands mid-run on a fast machine
+    count = 4_000
     txs = ledger(4, count)
+    bodies = [(json.dumps(tx).encode(), "transaction") for tx in txs]
     log_path = tmp_path / "recorder.log"
-    conn = None
+    conn = gate = None
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(  # noqa: ASYNC220 - killed below, waited in a thread
             [sys.executable, "-m", "consumer"],
@@ -209,23 +224,26 @@ async def test_recorder_killed_mid_run_redeliveries_do_not_move_balances_twice(
             stderr=log_file,
         )
         try:
-            await broker.publish_many([(json.dumps(tx).encode(), "transaction") for tx in txs])
+            await broker.publish_many(bodies[: count // 2])
             await wait_for(lambda: _database_exists(settings.database_url), timeout=30)
-            conn = await db()
+            conn, gate = await db(), await db()
 
-            async def midway() -> bool:
-                return bool(await conn.fetchval("SELECT count(*) FROM transactions") >= 1000)
+            async def first_half() -> bool:
+                return bool(await conn.fetchval("SELECT count(*) FROM transactions") >= count // 2)
 
-            await wait_for(midway, timeout=60)
+            await wait_for(first_half, timeout=60)
+            await close_gate(gate, "balances")
+            await broker.publish_many(bodies[count // 2 :])
+            await wait_for_relation_waiter(conn, "balances", exclude=[await _pid(gate)])
             proc.send_signal(signal.SIGKILL)
             assert await asyncio.to_thread(proc.wait, 30) == -signal.SIGKILL
+            await gate.execute("ROLLBACK")
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     assert conn is not None
-    before = await conn.fetchval("SELECT count(*) FROM transactions")
-    assert before < count, "the kill came too late to test anything"
+    assert await conn.fetchval("SELECT count(*) FROM transactions") == count // 2
     recorder = await start_recorder(settings)
 
     async def done() -> bool:
@@ -236,6 +254,10 @@ async def test_recorder_killed_mid_run_redeliveries_do_not_move_balances_twice(
     assert await balances(conn) == expected_balances(txs)
     assert await conn.fetchval("SELECT count(*) FROM operations") == 2 * count
     assert recorder.value("bulk_recorder_messages_dead_lettered_total", reason="validation") == 0
+
+
+async def _pid(conn: asyncpg.Connection) -> int:
+    return int(await conn.fetchval("SELECT pg_backend_pid()"))
 
 
 async def _database_exists(dsn: str) -> bool:

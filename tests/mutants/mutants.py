@@ -89,9 +89,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="no-on-conflict-transactions",
-        path="bulk_recorder/recorder/writer.py",
-        old="          metadata)\nON CONFLICT (id) DO NOTHING\n",
-        new="          metadata)\n",
+        path="bulk_recorder/recorder/statements.py",
+        old="metadata, n)\nORDER BY u.n\nON CONFLICT (id) DO NOTHING\n",
+        new="metadata, n)\nORDER BY u.n\n",
         promise=EXACTLY_ONCE,
         tests=(
             T_RECORDER + "test_duplicates_give_one_row_and_count_as_ignored",
@@ -100,9 +100,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="no-on-conflict-annotations",
-        path="bulk_recorder/recorder/writer.py",
-        old="reason)\nON CONFLICT (id) DO NOTHING\n",
-        new="reason)\n",
+        path="bulk_recorder/recorder/statements.py",
+        old="reason, n)\nORDER BY u.n\nON CONFLICT (id) DO NOTHING\n",
+        new="reason, n)\nORDER BY u.n\n",
         promise=EXACTLY_ONCE,
         tests=(
             T_RECORDER + "test_duplicates_give_one_row_and_count_as_ignored",
@@ -111,9 +111,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="balances-for-old-ids",
-        path="bulk_recorder/recorder/writer.py",
-        old="deltas = balance_deltas(fresh)",
-        new="deltas = balance_deltas(txs)",
+        path="bulk_recorder/recorder/statements.py",
+        old="delta, n)\nJOIN new_transactions AS fresh ON fresh.id = u.transaction_id::uuid\n",
+        new="delta, n)\n",
         promise=EXACTLY_ONCE,
         tests=(
             T_RECORDER + "test_duplicates_give_one_row_and_count_as_ignored",
@@ -123,9 +123,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-balance-keys",
-        path="bulk_recorder/recorder/writer.py",
-        old="keys = sorted(deltas)",
-        new="keys = list(deltas)",
+        path="bulk_recorder/recorder/statements.py",
+        old="contributions = sorted(",
+        new="contributions = list(",
         promise=REPLICAS,
         tests=SORTED_KEYS_TESTS,
         fast=True,
@@ -141,9 +141,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unsorted-operation-ids",
-        path="bulk_recorder/recorder/writer.py",
-        old="key=lambda pair: pair[0].id",
-        new="key=lambda pair: pair[1].id",
+        path="bulk_recorder/recorder/statements.py",
+        old="for op in t.operations), key=_operation_id)",
+        new="for op in t.operations), key=lambda pair: pair[1].id)",
         promise=REPLICAS,
         tests=SORTED_KEYS_TESTS,
         fast=True,

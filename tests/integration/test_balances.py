@@ -109,17 +109,21 @@ class RecordingPool:
 
     def keys(self, table: str, columns: int = 1) -> list[list[Any]]:
         """The keys sent to ``INSERT INTO table``, a list per statement, in order: the first
-        ``columns`` arrays of the ``unnest`` that follows the INSERT (a statement may hold
-        several INSERTs as data-modifying CTEs)."""
+        ``columns`` parameters after the INSERT (a statement may hold several INSERTs as
+        data-modifying CTEs; a column goes as an array or as one comma-joined string)."""
         out: list[list[Any]] = []
         for query, args in self.statements:
             at = query.find(f"INSERT INTO {table} ")
             if at < 0:
                 continue
-            first = int(re.search(r"unnest\(\$(\d+)", query[at:]).group(1)) - 1  # type: ignore[union-attr]
-            arrays = args[first : first + columns]
-            out.append(list(zip(*arrays, strict=True)) if columns > 1 else list(arrays[0]))
+            first = int(re.findall(r"\$(\d+)", query[at:])[0]) - 1
+            arrays = [_column(arg) for arg in args[first : first + columns]]
+            out.append(list(zip(*arrays, strict=True)) if columns > 1 else arrays[0])
         return out
+
+
+def _column(arg: Any) -> list[Any]:
+    return (arg.split(",") if arg else []) if isinstance(arg, str) else list(arg)
 
 
 async def test_every_write_sends_its_keys_in_sorted_order(database_url) -> None:

@@ -3,8 +3,8 @@
 The writer sends most columns as one comma-joined string per column (see
 bulk_recorder/recorder/statements.py); these are the values at its edges: absent created_at and
 job_id (alone in a chunk, where the joined string is empty, and mixed with present ones),
-microseconds, the first year, an amount whose str() is in exponent notation, free text with commas, quotes,
-braces and non-ASCII letters, metadata absent and present.
+microseconds, the first year, an amount whose str() is in exponent notation, free text with
+commas, quotes, braces and non-ASCII letters, metadata absent and present.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ flight) and notes the time just before each publish. A poller asks PostgreSQL ev
 a row is visible once its flush COMMITted, so publish -> visible is publish -> commit, within
 the poll interval. The row's ``recorded_at`` (``now()`` at the start of the flush's DB
 transaction) gives publish -> insert as well. The target: p99 <= flush timeout + 50 ms.
+
+Each load is then run again with a bare aiormq consume+ack consumer (``benchmarks.bare_consumer``,
+a process of its own, at the recorder's channel QoS) instead of the recorder: its publish ->
+delivered is the broker-only floor, and its CPU per message (CPU seconds from /proc over the
+publishing window / messages published) is what the recorder's is judged against. The target:
+recorder CPU per message <= 1.2x the bare consumer's at 1,000 msg/s (ratio taken per round).
 """
 
 from __future__ import annotations
@@ -18,17 +24,21 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aio_pika
 import asyncpg
 
-from benchmarks.support.env import add_recorder_arguments, rabbitmq_url, run_main
-from benchmarks.support.machine import facts_table, machine_cpu, machine_facts
+from benchmarks.support.env import REPO, add_recorder_arguments, rabbitmq_url, run_main
+from benchmarks.support.machine import cpu_seconds, facts_table, machine_cpu, machine_facts
 from benchmarks.support.recorder import RecorderConfig, RecorderProcess
 from benchmarks.support.services import temp_database, temp_topology
-from benchmarks.support.stats import Stat, emit, progress, save_json, table
+from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
 from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
@@ -44,10 +54,11 @@ def quantile(values: list[float], q: float) -> float:
 class Outcome:
     offered: float
     achieved: float
+    published: int  # messages published in the measured window
     commit_ms: list[float] = field(default_factory=list)
     insert_ms: list[float] = field(default_factory=list)
     missing: int = 0
-    recorder_cpu_s: float = 0.0
+    cpu_s: float = 0.0  # CPU seconds of the consumer (recorder or bare) over the window
     machine_busy: float = 0.0  # share of all cores busy while the load ran (0..1)
 
 
@@ -143,38 +154,68 @@ async def poll_visible(
 
 
 async def run_broker_only(config: RecorderConfig, rate: int, seconds: float) -> Outcome:
-    """The floor: the same load and queue with a raw aio-pika consumer that acks each message.
+    """The floor: the same load and queue with a bare aiormq consumer that acks each message.
 
-    publish -> delivered here is what the broker (a quorum queue: replicated log, fsync) costs
-    before any recorder could see a message; the recorder's latency is judged against it.
+    The consumer (``benchmarks.bare_consumer``) is a process of its own, with the recorder's
+    channel QoS, so that its CPU is measured over the same window as the recorder's in
+    ``run_load`` (from just before publishing starts to just after it ends). publish ->
+    delivered there is what the broker (a quorum queue: replicated log, fsync) costs before any
+    recorder could see a message; the recorder's latency is judged against it.
     """
     async with temp_topology("bench_latency_raw") as topology:
-        delivered: dict[str, float] = {}
         sent: dict[str, float] = {}
-        all_in = asyncio.Event()
-        publishing_done = False
-        connection = await aio_pika.connect(rabbitmq_url())
-        try:
-            channel = await connection.channel()
-            await channel.set_qos(prefetch_count=config.channel_prefetch)
-            queue = await channel.get_queue(topology.queue, ensure=False)
-
-            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-                delivered[message.message_id or ""] = time.time()
-                await message.ack()
-                if publishing_done and len(delivered) >= len(sent):
-                    all_in.set()
-
-            await queue.consume(on_message)
-            achieved = await publish_steady(topology, rate, seconds, sent)
-            publishing_done = True
-            if len(delivered) < len(sent):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(all_in.wait(), timeout=30)
-        finally:
-            await connection.close()
+        with tempfile.TemporaryDirectory(prefix="bench_latency_") as tmp:
+            out = Path(tmp) / "delivered.json"
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "benchmarks.bare_consumer",
+                "--url",
+                rabbitmq_url(),
+                "--queue",
+                topology.queue,
+                "--prefetch",
+                str(config.channel_prefetch),
+                "--out",
+                str(out),
+                cwd=REPO,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            try:
+                assert proc.stdout is not None
+                line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+                if line.strip() != b"ready":
+                    raise RuntimeError(f"bare consumer did not start: {line!r}")
+                cpu_before = cpu_seconds(proc.pid)
+                achieved = await publish_steady(topology, rate, seconds, sent)
+                consumer_cpu_s = cpu_seconds(proc.pid) - cpu_before
+                # Wait (up to 30 s) for every message to arrive: SIGUSR1 makes it print a count.
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    proc.send_signal(signal.SIGUSR1)
+                    count = await asyncio.wait_for(proc.stdout.readline(), timeout=5)
+                    if int(count) >= len(sent):
+                        break
+                    await asyncio.sleep(0.05)
+                proc.send_signal(signal.SIGTERM)
+                if await asyncio.wait_for(proc.wait(), timeout=30) != 0:
+                    raise RuntimeError(f"bare consumer exited with {proc.returncode}")
+                delivered: dict[str, float] = json.loads(out.read_text(encoding="utf-8"))[
+                    "delivered"
+                ]
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
     delays = delays_ms(sent, delivered)  # in commit_ms: "commit" is "delivered" here
-    return Outcome(rate, achieved, commit_ms=delays, missing=len(sent) - len(delays))
+    return Outcome(
+        rate,
+        achieved,
+        published=len(sent),
+        commit_ms=delays,
+        missing=len(sent) - len(delays),
+        cpu_s=consumer_cpu_s,
+    )
 
 
 async def run_load(config: RecorderConfig, rate: int, seconds: float, poll_s: float) -> Outcome:
@@ -213,10 +254,11 @@ async def run_load(config: RecorderConfig, rate: int, seconds: float, poll_s: fl
     return Outcome(
         rate,
         achieved,
+        published=len(sent),
         commit_ms=commit_ms,
         insert_ms=delays_ms(sent, {r[0]: r[1] for r in rows}),
         missing=len(sent) - len(commit_ms),
-        recorder_cpu_s=recorder_cpu_s,
+        cpu_s=recorder_cpu_s,
         machine_busy=(busy_after - busy_before) / max(total_after - total_before, 1e-9),
     )
 
@@ -243,10 +285,17 @@ async def main_async(args: argparse.Namespace) -> None:
                 "insert p50": quantile(o.insert_ms, 0.5),
                 "insert p99": quantile(o.insert_ms, 0.99),
                 "missing": float(o.missing),
-                "recorder us/msg": o.recorder_cpu_s / max(len(o.commit_ms), 1) * 1e6,
+                "broker missing": float(floor.missing),
+                "recorder us/msg": o.cpu_s / max(o.published, 1) * 1e6,
+                "bare aiormq us/msg": floor.cpu_s / max(floor.published, 1) * 1e6,
                 "machine busy %": o.machine_busy * 100,
             }
             figures["p99 over broker"] = figures["commit p99"] - figures["broker p99"]
+            figures["recorder / bare CPU"] = (
+                figures["recorder us/msg"] / figures["bare aiormq us/msg"]
+                if figures["bare aiormq us/msg"]
+                else float("nan")
+            )
             for k, v in figures.items():
                 s.setdefault(k, Stat()).add(v)
             raw.append({"run": run, "rate": rate, **figures})
@@ -269,6 +318,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 s["broker p99"].fmt(1),
                 s["p99 over broker"].fmt(1),
                 s["recorder us/msg"].fmt(),
+                s["bare aiormq us/msg"].fmt(),
+                ratio(s["recorder us/msg"], s["bare aiormq us/msg"]).fmt(2, "x"),
                 s["machine busy %"].fmt(),
                 s["missing"].fmt(),
             )
@@ -291,6 +342,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 "broker-only p99",
                 "commit p99 - broker-only p99",
                 "recorder CPU us/msg",
+                "bare aiormq consume+ack CPU us/msg",
+                "recorder / bare CPU",
                 "machine busy % (all cores)",
                 "not seen",
             ],

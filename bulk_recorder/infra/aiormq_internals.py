@@ -9,7 +9,10 @@ The recorder's lean path writes past aiormq's public API in two places, and only
 - :func:`unblock_writers` empties a dead connection's ``write_queue`` so that callers waiting
   for room in it wake up;
 - :func:`close_connection` puts a write mark on the connection's ``write_queue`` at the end of
-  an orderly stop and closes the connection once the frames before it are written.
+  an orderly stop and closes the connection once the frames before it are written;
+- :func:`publish_batch` (the load generator's) marshals a batch of publishes into one buffer
+  on the ``write_queue`` and registers their confirmations in the channel's ``confirmations``
+  map under the channel's ``delivery_tag`` sequence, as aiormq's basic_publish does one by one.
 
 aiormq and pamqp are held to a minor version in pyproject.toml for these reasons. The layout
 test (tests/unit/test_layout.py) fails if another module names these private attributes.
@@ -23,8 +26,10 @@ from collections.abc import Sequence
 
 import aio_pika
 import aiormq
-from aiormq.abc import AbstractChannel, ChannelFrame
+from aiormq.abc import AbstractChannel, ChannelFrame, ConfirmationFrameType
 from pamqp import commands as spec
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
 
 log = logging.getLogger("consumer.delivery")  # the name the ack lines have always carried
 
@@ -33,6 +38,7 @@ __all__ = [
     "AckFrames",
     "channel_closing",
     "close_connection",
+    "publish_batch",
     "unblock_writers",
     "write_acks",
 ]
@@ -158,3 +164,37 @@ async def close_connection(connection: aio_pika.abc.AbstractConnection, within_s
         except TimeoutError:
             log.warning("frames still unwritten after %.0f s; closing anyway", within_s)
     await asyncio.wait_for(connection.close(), within_s)
+
+
+# -- the load generator's batched publishes --------------------------------------------------
+
+
+async def publish_batch(
+    channel: AbstractChannel,
+    messages: Sequence[tuple[str, str, spec.Basic.Properties, bytes]],
+) -> list[asyncio.Future[ConfirmationFrameType]]:
+    """Publish (exchange, routing key, properties, body) messages in one write; a confirmation
+    future each, resolved by aiormq's own confirm handling (a Basic.Ack, or DeliveryError for a
+    nack; rejected when the channel closes).
+
+    basic_publish writes each message on its own: a socket write, a lock, a timeout scope and
+    two futures a message, the larger part of the load generator's CPU. The channel must have
+    publisher confirms on and carry no other publisher (a basic_publish waiting for room in the
+    write queue holds a delivery tag taken before these). Bodies must fit one frame.
+    """
+    if not isinstance(channel, aiormq.Channel):
+        raise TypeError(f"publish_batch needs an aiormq.Channel, not {type(channel)}")
+    frames: list[spec.Basic.Publish | ContentHeader | ContentBody] = []
+    futures: list[asyncio.Future[ConfirmationFrameType]] = []
+    for exchange, routing_key, properties, body in messages:
+        if len(body) >= channel.max_content_size:
+            raise ValueError("publish_batch: a body larger than one frame")
+        channel.delivery_tag += 1
+        future: asyncio.Future[ConfirmationFrameType] = channel.create_future()
+        channel.confirmations[channel.delivery_tag] = future
+        futures.append(future)
+        frames.append(spec.Basic.Publish(exchange=exchange, routing_key=routing_key))
+        frames.append(ContentHeader(properties=properties, body_size=len(body)))
+        frames.append(ContentBody(body))
+    await channel.connection.write_queue.put(ChannelFrame.marshall(channel.number, frames))
+    return futures

@@ -193,3 +193,31 @@ def test_aiormq_and_pamqp_are_pinned_exactly(name: str) -> None:
     )
     (pin,) = requirement.specifier
     assert pin.version == version(name), f"{name} {version(name)} installed, {requirement}"
+
+
+async def test_a_channel_keeps_its_confirmation_map_and_delivery_tag_sequence() -> None:
+    """publish_batch (the load generator's) registers confirms where basic_publish does."""
+    channel = _channel(_connection())
+    assert isinstance(getattr(channel, "confirmations", None), dict), _broken(
+        "Channel.confirmations is no longer a dict of delivery tag -> future",
+        "publish_batch registers each publish's confirmation there",
+    )
+    assert getattr(channel, "delivery_tag", None) == 0, _broken(
+        "Channel.delivery_tag is no longer the publish sequence (0 on a new channel)",
+        "publish_batch numbers its publishes from it",
+    )
+    assert isinstance(getattr(channel, "max_content_size", None), int), _broken(
+        "Channel.max_content_size is gone", "publish_batch refuses bodies larger than one frame"
+    )
+    confirm = getattr(channel, "_confirm_delivery", None)
+    assert callable(confirm), _broken(
+        "Channel._confirm_delivery is gone", "it resolves the futures publish_batch registers"
+    )
+    future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    channel.confirmations[1] = future
+    confirm(1, spec.Basic.Ack(delivery_tag=1))
+    resolved = future.done() and isinstance(future.result(), spec.Basic.Ack)
+    assert resolved, _broken(
+        "Channel._confirm_delivery no longer resolves the registered future with the Ack",
+        "publish_batch",
+    )

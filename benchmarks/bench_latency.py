@@ -4,12 +4,13 @@
     python -m benchmarks.bench_latency --loads 250 1000 4000 --seconds 30   # full size
 
 The recorder (``python -m consumer``, settings from env vars) runs on an empty queue. A
-publisher sends transactions at a steady rate (a tick every 10 ms, confirms on, many in
-flight) and notes the time just before each publish. A poller asks PostgreSQL every
-``--poll-ms`` which of the published ids are visible (``id = ANY($1)``, primary-key lookups):
-a row is visible once its flush COMMITted, so publish -> visible is publish -> commit, within
-the poll interval. The row's ``recorded_at`` (``now()`` at the start of the flush's DB
-transaction) gives publish -> insert as well. The target: p99 <= flush timeout + 50 ms.
+publisher sends transactions at a steady rate (a tick every 10 ms, its messages in one write,
+confirms on, many in flight) and notes the time just before each publish. A poller asks
+PostgreSQL every ``--poll-ms`` which of the published ids are visible (``id = ANY($1)``,
+primary-key lookups): a row is visible once its flush committed, so publish -> visible is
+publish -> commit, within the poll interval. The row's ``recorded_at`` (``now()`` when the
+flush's statement starts) gives publish -> insert as well. The target: p99 <= flush timeout +
+50 ms.
 
 Each load is then run again with a bare aiormq consume+ack consumer (``benchmarks.bare_consumer``,
 a process of its own, at the recorder's channel QoS) instead of the recorder: its publish ->
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aio_pika
+import aiormq
 import asyncpg
 
 from benchmarks.support.env import REPO, add_recorder_arguments, rabbitmq_url, run_main
@@ -39,6 +41,7 @@ from benchmarks.support.machine import cpu_seconds, facts_table, machine_cpu, ma
 from benchmarks.support.recorder import RecorderConfig, RecorderProcess
 from benchmarks.support.services import temp_database, temp_topology
 from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
+from bulk_recorder.infra.aiormq_internals import publish_batch
 from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
@@ -82,37 +85,36 @@ async def publish_steady(
     connection = await aio_pika.connect(rabbitmq_url())
     try:
         channel = await connection.channel(publisher_confirms=True)
-        exchange = await channel.get_exchange(topology.exchange, ensure=False)
-        tasks: set[asyncio.Task[object]] = set()
+        await channel.get_exchange(topology.exchange)
+        raw = await channel.get_underlay_channel()
+        confirms: set[asyncio.Future[list[aiormq.abc.ConfirmationFrameType]]] = set()
         tick = 0.01
         started = time.monotonic()
         count = 0
         while (now := time.monotonic()) - started < seconds:
+            batch = []  # this tick's messages, in one write (the load generator's lean path)
             while count < int(rate * (now - started)):
                 record = gen.transaction()
                 record["metadata"] = {"bench": "latency"}
                 body = json.dumps(record, separators=(",", ":")).encode()
+                properties = aiormq.spec.Basic.Properties(
+                    message_id=record["id"],
+                    content_type="application/json",
+                    message_type="transaction",
+                    delivery_mode=2,
+                )
+                batch.append((topology.exchange, "transaction", properties, body))
                 sent[record["id"]] = time.time()
                 if fresh is not None:
                     fresh.append(record["id"])
-                task = asyncio.create_task(
-                    exchange.publish(
-                        aio_pika.Message(
-                            body,
-                            message_id=record["id"],
-                            content_type="application/json",
-                            type="transaction",
-                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                        ),
-                        routing_key="transaction",
-                    )
-                )
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
                 count += 1
+            if batch:
+                done = asyncio.gather(*await publish_batch(raw, batch))
+                confirms.add(done)
+                done.add_done_callback(confirms.discard)
             await asyncio.sleep(max(0.0, now + tick - time.monotonic()))
-        if tasks:
-            await asyncio.gather(*tasks)
+        if confirms:
+            await asyncio.gather(*confirms)
         return count / (time.monotonic() - started)
     finally:
         await connection.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Sequence
 
 import aio_pika
@@ -172,29 +173,69 @@ async def close_connection(connection: aio_pika.abc.AbstractConnection, within_s
 async def publish_batch(
     channel: AbstractChannel,
     messages: Sequence[tuple[str, str, spec.Basic.Properties, bytes]],
+    *,
+    mandatory: bool = False,
 ) -> list[asyncio.Future[ConfirmationFrameType]]:
     """Publish (exchange, routing key, properties, body) messages in one write; a confirmation
     future each, resolved by aiormq's own confirm handling (a Basic.Ack, or DeliveryError for a
-    nack; rejected when the channel closes).
+    nack; rejected when the channel closes). With ``mandatory``, a message the broker returns
+    resolves as aiormq's basic_publish would: PublishError on a channel opened with
+    ``on_return_raises``, else the returned message (the broker matches a return to its publish
+    by message id: each message gets a fresh one unless it has one).
 
     basic_publish writes each message on its own: a socket write, a lock, a timeout scope and
-    two futures a message, the larger part of the load generator's CPU. The channel must have
-    publisher confirms on and carry no other publisher (a basic_publish waiting for room in the
-    write queue holds a delivery tag taken before these). Bodies must fit one frame.
+    two futures a message, the larger part of a publisher's CPU. The channel must have
+    publisher confirms on; bodies must fit one frame.
     """
     if not isinstance(channel, aiormq.Channel):
         raise TypeError(f"publish_batch needs an aiormq.Channel, not {type(channel)}")
+    if any(len(body) >= channel.max_content_size for _, _, _, body in messages):
+        raise ValueError("publish_batch: a body larger than one frame")
     frames: list[spec.Basic.Publish | ContentHeader | ContentBody] = []
     futures: list[asyncio.Future[ConfirmationFrameType]] = []
-    for exchange, routing_key, properties, body in messages:
-        if len(body) >= channel.max_content_size:
-            raise ValueError("publish_batch: a body larger than one frame")
-        channel.delivery_tag += 1
-        future: asyncio.Future[ConfirmationFrameType] = channel.create_future()
-        channel.confirmations[channel.delivery_tag] = future
-        futures.append(future)
-        frames.append(spec.Basic.Publish(exchange=exchange, routing_key=routing_key))
-        frames.append(ContentHeader(properties=properties, body_size=len(body)))
-        frames.append(ContentBody(body))
-    await channel.connection.write_queue.put(ChannelFrame.marshall(channel.number, frames))
+    # The channel's own lock, as basic_publish takes it: delivery tags are numbered in the
+    # order the frames reach the write queue, whoever else publishes on the channel.
+    async with channel.lock:
+        for exchange, routing_key, properties, body in messages:
+            channel.delivery_tag += 1
+            future: asyncio.Future[ConfirmationFrameType] = channel.create_future()
+            channel.confirmations[channel.delivery_tag] = future
+            if mandatory:
+                _match_returns(channel, properties, channel.delivery_tag, future)
+            futures.append(future)
+            frames.append(
+                spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory)
+            )
+            frames.append(ContentHeader(properties=properties, body_size=len(body)))
+            frames.append(ContentBody(body))
+        try:
+            await channel.connection.write_queue.put(ChannelFrame.marshall(channel.number, frames))
+        except BaseException:  # not written (cancelled while the queue was full): as
+            # basic_publish does, give the sequence numbers back so the next publish's match
+            for tag in range(channel.delivery_tag - len(futures) + 1, channel.delivery_tag + 1):
+                channel.confirmations.pop(tag, None)
+            channel.delivery_tag -= len(futures)
+            for future in futures:
+                future.cancel()
+            raise
     return futures
+
+
+def _match_returns(
+    channel: aiormq.Channel,
+    properties: spec.Basic.Properties,
+    tag: int,
+    future: asyncio.Future[ConfirmationFrameType],
+) -> None:
+    """Let aiormq find this publish's confirmation when the broker returns it, as
+    basic_publish does: by message id, forgotten once confirmed."""
+    if not properties.message_id:
+        properties.message_id = uuid.uuid4().hex
+    message_id = properties.message_id
+    channel.message_id_delivery_tag[message_id] = tag
+
+    def forget(_: asyncio.Future[ConfirmationFrameType]) -> None:
+        if channel.message_id_delivery_tag.get(message_id) == tag:
+            del channel.message_id_delivery_tag[message_id]
+
+    future.add_done_callback(forget)

@@ -185,7 +185,10 @@ class Relay:
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         self._pool = await open_pool_when_ready(
-            self.settings.database_url, max_size=self.config.lanes + 1, stop=stop
+            self.settings.database_url,
+            max_size=self.config.lanes + 1,
+            stop=stop,
+            custom_plans=True,  # the outbox swings from empty to a whole job in one commit
         )
         self._db_ok = self._pool is not None
         return self._db_ok

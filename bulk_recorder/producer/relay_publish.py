@@ -17,6 +17,7 @@ import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel
 
+from bulk_recorder.infra.aiormq_internals import publish_batch
 from bulk_recorder.infra.broker import (
     broker_failures_suppressed,
     cancel_requested,
@@ -28,11 +29,20 @@ log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always car
 
 
 APP_ID = "bulk-recorder-relay"
+CLAIM_WINDOW = 4  # ids a claim looks at: this many batches for every lane
 
-_CLAIM = """
+# From the first available row, a window of ids: the rows a claim reads stay within the window
+# whatever plan PostgreSQL picks (the bounds are InitPlan parameters, usable as index
+# conditions). A claim planned while the outbox was empty, with no statistics (autovacuum may
+# not have run an ANALYZE), read and sorted every pending row each time: a 300,000-row job was
+# relayed at 1,500 rows/s (benchmarks/RESULTS.md, section 10). min(id) walks the pending index
+# from its start, past the rows refused for now (few).
+CLAIM = """
 SELECT id, record_type, job_id, body, attempts
 FROM outbox
 WHERE parked_at IS NULL AND available_at <= now()
+  AND id >= (SELECT min(id) FROM outbox WHERE parked_at IS NULL AND available_at <= now())
+  AND id < (SELECT min(id) FROM outbox WHERE parked_at IS NULL AND available_at <= now()) + $2
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED
@@ -59,6 +69,17 @@ UPDATE credit_annotation_jobs AS j SET dead_lettered = j.dead_lettered + u.n
 FROM unnest($1::uuid[], $2::int[]) AS u(id, n)
 WHERE j.id = u.id
 """
+
+
+def _properties(record_type: str) -> aiormq.spec.Basic.Properties:
+    """A new object for every publish: aiormq and publish_batch write a fresh message_id into
+    it, by which a basic.return is matched with its publish."""
+    return aiormq.spec.Basic.Properties(
+        content_type="application/json",
+        delivery_mode=2,
+        message_type=record_type,
+        app_id=APP_ID,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +121,8 @@ class BatchPublisher:
 
     async def relay(self, conn: Connection, channel: AbstractChannel) -> BatchResult:
         """Claim, publish and settle one batch inside ``conn``'s open transaction."""
-        rows = await conn.fetch(_CLAIM, self.config.batch_size)
+        window = CLAIM_WINDOW * self.config.batch_size * self.config.lanes
+        rows = await conn.fetch(CLAIM, self.config.batch_size, window)
         if not rows:
             return BatchResult(0, 0, 0, 0)
         # Rows refused before, or in flight when the broker closed a channel: one by one.
@@ -110,10 +132,7 @@ class BatchPublisher:
         outcomes: dict[int, BaseException | None] = {}
         if alone:
             outcomes.update(await self._publish_alone(channel.connection, alone))
-        results = await asyncio.gather(
-            *(self._publish(channel, row["record_type"], row["body"]) for row in together),
-            return_exceptions=True,
-        )
+        results = await self._publish_together(channel, together)
         for row, outcome in zip(together, results, strict=True):
             outcomes[row["id"]] = outcome
         self._suspect([r["id"] for r in together if _closed_by_broker(outcomes[r["id"]])])
@@ -177,15 +196,43 @@ class BatchPublisher:
             len(ids),
         )
 
+    async def _publish_together(
+        self, channel: AbstractChannel, rows: Sequence[asyncpg.Record]
+    ) -> list[BaseException | None]:
+        """Publish the rows in one write and wait for every confirm (publish_timeout_s at
+        most); each row's outcome as ``_publish`` would raise it, None when confirmed."""
+        if not rows:
+            return []
+        messages = [
+            (self.exchange, row["record_type"], _properties(row["record_type"]), row["body"])
+            for row in rows
+        ]
+        try:
+            futures = await publish_batch(channel, messages, mandatory=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the channel or connection went away before the write
+            return [exc] * len(rows)
+        done, _ = await asyncio.wait(futures, timeout=self.config.publish_timeout_s)
+        outcomes: list[BaseException | None] = []
+        for future in futures:
+            if future not in done:
+                future.cancel()
+                outcomes.append(TimeoutError("no confirm within publish_timeout_s"))
+            elif future.cancelled():
+                outcomes.append(asyncio.CancelledError())  # aiormq gave up on the connection
+            elif (error := future.exception()) is not None:
+                outcomes.append(error)  # a nack, a return, the channel closed
+            elif not isinstance(future.result(), aiormq.spec.Basic.Ack):
+                outcomes.append(aiormq.exceptions.DeliveryError(None, future.result()))
+            else:
+                outcomes.append(None)
+        return outcomes
+
     async def _publish(self, channel: AbstractChannel, record_type: str, body: bytes) -> None:
         # A new Properties object each time: aiormq writes a random message_id into it, which
         # it uses to match a basic.return with its publish.
-        properties = aiormq.spec.Basic.Properties(
-            content_type="application/json",
-            delivery_mode=2,
-            message_type=record_type,
-            app_id=APP_ID,
-        )
+        properties = _properties(record_type)
         confirmation = await channel.basic_publish(
             body,
             exchange=self.exchange,

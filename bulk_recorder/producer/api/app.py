@@ -139,6 +139,7 @@ async def _open_pool(ctx: ApiContext, stop: asyncio.Event, tried: asyncio.Event)
         stop=stop,
         command_timeout=60,
         session_reset=True,
+        custom_plans=True,  # job status reads the outbox and the job's rows as they grow
         tried=tried,
     )
     if ctx.pool is not None:

@@ -271,7 +271,7 @@ class Settings(BaseSettings):
         prefetch equal to the batch size every delivery is unacked while a batch is written and
         delivery stalls, and with room for only two batches at most one flush waits on the
         database while the next fills, whatever the number of workers. Sized to the workers, a
-        database a network hop away is hidden (benchmarks/RESULTS.md, section 9: at a 2 ms round
+        database a network hop away is hidden (benchmarks/RESULTS.md, section 10: at a 2 ms round
         trip 2,217 against 1,285 transactions/s, same run).
         """
         base = self.rabbitmq_numbers_of_workers * self.rabbitmq_numbers_of_prefetch

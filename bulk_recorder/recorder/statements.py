@@ -102,6 +102,18 @@ RETURNING 1
 SELECT id::text FROM new_transactions
 """
 
+# A flush of several chunks: its balance deltas, summed per key in Python, sent in key order.
+APPLY_BALANCES = """
+INSERT INTO balances AS b (account_id, asset_code, available)
+SELECT u.account_id::uuid, u.asset_code, u.delta::numeric
+FROM unnest(string_to_array($1::text, ','), string_to_array($2::text, ','),
+            string_to_array($3::text, ','))
+     WITH ORDINALITY AS u(account_id, asset_code, delta, n)
+ORDER BY u.n
+ON CONFLICT (account_id, asset_code)
+DO UPDATE SET available = b.available + EXCLUDED.available, updated_at = now()
+"""
+
 INSERT_ANNOTATIONS = """
 INSERT INTO credit_annotations (id, job_id, document, document_type, kind, creditor, amount,
                                 occurred_on, reason)
@@ -163,15 +175,18 @@ def transaction_chunks(
         yield transactions[start:]
 
 
-def transaction_arguments(chunk: Sequence[Transaction]) -> list[str | list[str | None]]:
+def transaction_arguments(
+    chunk: Sequence[Transaction], *, balances: bool = True
+) -> list[str | list[str | None]]:
     """The 20 parameters of WRITE_TRANSACTIONS; transactions, operations and balance keys
     sorted. Free text (description, metadata) goes as arrays; every other column as one
-    comma-joined string (see _joined)."""
+    comma-joined string (see _joined). Without ``balances`` the statement moves none (the
+    writer applies a many-chunk flush's balances at its end, with APPLY_BALANCES)."""
     operations = sorted(((op, t) for t in chunk for op in t.operations), key=_operation_id)
     contributions = sorted(
         (op.account_id, op.asset_code, t.id, _signed(op))
         for t in chunk
-        if t.status == "APPROVED"
+        if balances and t.status == "APPROVED"
         for op in t.operations
     )
     created = [_timestamp(t.created_at) for t in chunk]
@@ -197,6 +212,17 @@ def transaction_arguments(chunk: Sequence[Transaction]) -> list[str | list[str |
         _joined([c[1] for c in contributions]),
         _joined([c[2] for c in contributions]),
         _joined([str(c[3]) for c in contributions]),
+    ]
+
+
+def balance_arguments(
+    keys: Sequence[tuple[str, str]], deltas: dict[tuple[str, str], Decimal]
+) -> list[str]:
+    """The 3 parameters of APPLY_BALANCES, in the order of ``keys`` (sorted by the caller)."""
+    return [
+        _joined([k[0] for k in keys]),
+        _joined([k[1] for k in keys]),
+        _joined([str(deltas[k]) for k in keys]),
     ]
 
 

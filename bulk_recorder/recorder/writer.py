@@ -16,10 +16,13 @@ Each flush:
    these); this step runs only when the flush had ignored rows, and reads the stored rows, so
    it gives the same answer when a redelivery runs it again.
 
-No BEGIN or COMMIT: every statement runs in autocommit. A flush that fails part-way may leave
-its first chunks committed; its deliveries are not acked, and the redelivery changes nothing
-that is already there (the inserts ignore known ids, and operations and balances follow only
-new transactions). A redelivered message therefore changes nothing.
+A flush is one database transaction: a flush of one statement (one record type, one chunk: every
+flush at the default size) runs it in autocommit, one round trip where BEGIN, three statements
+and COMMIT took five; a flush of several statements (both record types, or more than one chunk)
+runs them between BEGIN and COMMIT. The one exception is step 5 after an autocommitted
+annotation insert: it commits on its own, right after, and reads the stored rows, so a crash in
+between is repaired by the redelivery, which runs it again. A redelivered message therefore
+changes nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from asyncpg.pool import PoolConnectionProxy
 from bulk_recorder.infra.errors import classify, renew_if_server_gone
 from bulk_recorder.recorder.statements import (
     ANNOTATION_COLUMNS,
+    APPLY_BALANCES,
     INSERT_ANNOTATIONS,
     MAX_ROWS_PER_INSERT,
     OPERATION_COLUMNS,
@@ -46,6 +50,7 @@ from bulk_recorder.recorder.statements import (
     TRANSACTION_COLUMNS,
     WRITE_TRANSACTIONS,
     annotation_arguments,
+    balance_arguments,
     chunked,
     rows_per_insert,
     transaction_arguments,
@@ -131,16 +136,37 @@ class PgWriter:
         result = WriteResult()
         try:
             async with self._pool.acquire() as conn:
-                if transactions:
-                    await self._write_transactions(conn, transactions, result)
-                if annotations:
-                    await self._write_annotations(conn, annotations, result)
+                if self._statements(transactions, annotations) == 1:
+                    await self._write_all(conn, transactions, annotations, result)
+                else:
+                    async with conn.transaction():
+                        await self._write_all(conn, transactions, annotations, result)
         except Exception as exc:  # the Writer contract: every failure is data or an outage
             # (asyncpg's InternalClientError/ProtocolError are neither PostgresError nor
             # InterfaceError; escaping here, they left the batch unacked for good)
             await renew_if_server_gone(self._pool, exc)
             raise classify(exc) from exc
         return result
+
+    def _statements(self, transactions: list[Record], annotations: list[Record]) -> int:
+        """How many statements the flush takes, at most (the repeats step aside): one runs in
+        autocommit, more in one transaction, so that a flush is one database transaction."""
+        operations = sum(len(t.operations) for t in transactions if isinstance(t, Transaction))
+        if max(len(transactions), operations) > self._tx_rows or len(annotations) > self._ann_rows:
+            return 2  # more than one chunk
+        return (1 if transactions else 0) + (1 if annotations else 0)
+
+    async def _write_all(
+        self,
+        conn: Connection,
+        transactions: list[Record],
+        annotations: list[Record],
+        result: WriteResult,
+    ) -> None:
+        if transactions:
+            await self._write_transactions(conn, transactions, result)
+        if annotations:
+            await self._write_annotations(conn, annotations, result)
 
     async def probe(self) -> None:
         """Prove that the database takes our writes: the statements of a flush for one made-up
@@ -170,8 +196,13 @@ class PgWriter:
         unique, _ = dedupe_sorted(records)
         txs: list[Transaction] = [r for r in unique if isinstance(r, Transaction)]
         new_ids: set[str] = set()
-        for chunk in transaction_chunks(txs, self._tx_rows):
-            rows = await conn.fetch(WRITE_TRANSACTIONS, *transaction_arguments(chunk))
+        chunks = list(transaction_chunks(txs, self._tx_rows))
+        # One chunk applies its balances itself. Several (in one DB transaction) apply them at
+        # the end, all keys in one sorted order, as concurrent writers must take their locks.
+        alone = len(chunks) == 1
+        for chunk in chunks:
+            arguments = transaction_arguments(chunk, balances=alone)
+            rows = await conn.fetch(WRITE_TRANSACTIONS, *arguments)
             new_ids.update(row[0] for row in rows)
         counts = result.table("transactions")
         counts.attempted += len(records)
@@ -184,11 +215,15 @@ class PgWriter:
         ops = result.table("operations")
         ops.attempted += operations
         ops.inserted += operations
-        keys = len(balance_deltas(fresh))
-        if keys:
+        deltas = balance_deltas(fresh)
+        if deltas and not alone:
+            keys = sorted(deltas)
+            for part in chunked(keys, self._tx_rows):
+                await conn.execute(APPLY_BALANCES, *balance_arguments(part, deltas))
+        if deltas:
             bal = result.table("balances")
-            bal.attempted += keys
-            bal.inserted += keys
+            bal.attempted += len(deltas)
+            bal.inserted += len(deltas)
 
     async def _write_annotations(
         self, conn: Connection, records: list[Record], result: WriteResult

@@ -212,9 +212,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="outbox-row-deleted-before-the-confirm",
         path="bulk_recorder/producer/relay_publish.py",
-        old="rows = await conn.fetch(_CLAIM, self.config.batch_size)\n",
+        old="rows = await conn.fetch(CLAIM, self.config.batch_size, window)\n",
         new=(
-            "rows = await conn.fetch(_CLAIM, self.config.batch_size)\n"
+            "rows = await conn.fetch(CLAIM, self.config.batch_size, window)\n"
             '        await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
         ),
         promise=PRODUCER,

@@ -6,7 +6,9 @@ and the broker afterwards; nothing is taken from the recorder's own account of i
 
 from __future__ import annotations
 
+import asyncio
 import re
+import subprocess
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -209,6 +211,35 @@ async def settled_count(broker: Broker, queue: str, timeout: float = 60) -> int:
 
     await wait_for(no_consumers, timeout=timeout, interval=0.05)
     return await broker.ready_count(queue)
+
+
+async def wait_until_consumed(queue: str, timeout: float = 60) -> None:
+    """Until the local broker holds no message of ``queue``, ready or delivered and unacked
+    (``rabbitmqctl list_queues messages``; a passive declare counts ready ones only).
+
+    "0 ready" can come while a consumer still holds deliveries it has not settled yet; an
+    orderly stop then gives them back and the audit counts them as left over. For tests whose
+    broker is the local node.
+    """
+
+    def held() -> int:
+        out = subprocess.run(
+            ["rabbitmqctl", "list_queues", "--quiet", "--no-table-headers", "name", "messages"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        for line in out.splitlines():
+            name, _, count = line.rpartition("\t")
+            if name == queue:
+                return int(count)
+        raise AssertionError(f"queue {queue} not found in {out!r}")
+
+    async def consumed() -> bool:
+        return await asyncio.to_thread(held) == 0
+
+    await wait_for(consumed, timeout=timeout, interval=0.5)
 
 
 async def wait_for_rows(conn: asyncpg.Connection, rows: int, timeout: float = 300) -> None:

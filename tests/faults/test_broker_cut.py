@@ -15,6 +15,7 @@ from tests.faults.audit import (
     check_counters,
     row_counts,
     wait_for_rows,
+    wait_until_consumed,
     wait_until_settled,
 )
 from tests.faults.conftest import long_run, scale, via_proxy
@@ -48,6 +49,7 @@ async def test_broker_cut_repeatedly_during_a_stream(
         )
     report = await publisher
     await wait_until_settled(db, broker, report)
+    await wait_until_consumed(broker.topology.queue)
     await rec.shutdown()
     audit = await audit_run(conn, broker, report, faults=mq_proxy.faults)
     audit.assert_exact(dlq_surplus_allowed=True)

@@ -22,6 +22,7 @@ from tests.faults.audit import (
     row_counts,
     settled_count,
     wait_for_rows,
+    wait_until_consumed,
     wait_until_settled,
 )
 from tests.faults.conftest import long_run, scale, via_proxy
@@ -60,6 +61,7 @@ async def test_database_cut_and_held_repeatedly_during_a_stream(
         pg_proxy.restore()
     report = await publisher
     await wait_until_settled(db, broker, report)
+    await wait_until_consumed(broker.topology.queue)
     await rec.shutdown()
     audit = await audit_run(conn, broker, report, faults=pg_proxy.faults)
     audit.assert_exact(dlq_surplus_allowed=False)

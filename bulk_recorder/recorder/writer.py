@@ -136,7 +136,7 @@ class PgWriter:
         result = WriteResult()
         try:
             async with self._pool.acquire() as conn:
-                if self._statements(transactions, annotations) == 1:
+                if self._one_statement(transactions, annotations):
                     await self._write_all(conn, transactions, annotations, result)
                 else:
                     async with conn.transaction():
@@ -148,13 +148,16 @@ class PgWriter:
             raise classify(exc) from exc
         return result
 
-    def _statements(self, transactions: list[Record], annotations: list[Record]) -> int:
-        """How many statements the flush takes, at most (the repeats step aside): one runs in
-        autocommit, more in one transaction, so that a flush is one database transaction."""
+    def _one_statement(self, transactions: list[Record], annotations: list[Record]) -> bool:
+        """The flush is one statement (the repeats step aside): it runs in autocommit; more
+        run in one transaction, so that a flush is one database transaction."""
+        if transactions and annotations:
+            return False
         operations = sum(len(t.operations) for t in transactions if isinstance(t, Transaction))
-        if max(len(transactions), operations) > self._tx_rows or len(annotations) > self._ann_rows:
-            return 2  # more than one chunk
-        return (1 if transactions else 0) + (1 if annotations else 0)
+        return (
+            max(len(transactions), operations) <= self._tx_rows
+            and len(annotations) <= self._ann_rows
+        )
 
     async def _write_all(
         self,
@@ -182,8 +185,7 @@ class PgWriter:
                 tx = conn.transaction()
                 await tx.start()
                 try:
-                    await self._write_transactions(conn, [transaction], WriteResult())
-                    await self._write_annotations(conn, [annotation], WriteResult())
+                    await self._write_all(conn, [transaction], [annotation], WriteResult())
                 finally:
                     await tx.rollback()
         except Exception as exc:  # the Writer contract, as in write()

@@ -292,8 +292,10 @@ class _Confirms:
     def _settled(self, batch: asyncio.Future[list[Any]]) -> None:
         self.pending.discard(batch)
         self.slots.release()
-        results = batch.exception() or batch.result()
-        for result in results if isinstance(results, list) else [results]:
+        if batch.cancelled():  # the load itself was cancelled: nothing to count
+            return
+        results = batch.result()  # gather(return_exceptions=True): one outcome a publish
+        for result in results:
             if not isinstance(result, aiormq.spec.Basic.Ack):  # a nack, a closed channel
                 self.failures.append(
                     result
@@ -301,7 +303,7 @@ class _Confirms:
                     else RuntimeError(f"the broker did not confirm: {result!r}")
                 )
         if self._progress is not None:
-            self._progress(len(results) if isinstance(results, list) else 1)
+            self._progress(len(results))
 
 
 async def publish_load(

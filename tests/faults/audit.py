@@ -213,6 +213,19 @@ async def settled_count(broker: Broker, queue: str, timeout: float = 60) -> int:
     return await broker.ready_count(queue)
 
 
+# rabbitmqctl arguments: each queue's name and messages (ready + unacked), one a line.
+LIST_QUEUE_MESSAGES = ("list_queues", "--quiet", "--no-table-headers", "name", "messages")
+
+
+def queue_messages(list_queues_output: str, queue: str) -> int:
+    """Ready + unacked messages of ``queue`` in the output of LIST_QUEUE_MESSAGES."""
+    for line in list_queues_output.splitlines():
+        name, _, count = line.rpartition("\t")
+        if name == queue:
+            return int(count)
+    raise AssertionError(f"queue {queue} not found in {list_queues_output!r}")
+
+
 async def wait_until_consumed(queue: str, timeout: float = 60) -> None:
     """Until the local broker holds no message of ``queue``, ready or delivered and unacked
     (``rabbitmqctl list_queues messages``; a passive declare counts ready ones only).
@@ -224,17 +237,13 @@ async def wait_until_consumed(queue: str, timeout: float = 60) -> None:
 
     def held() -> int:
         out = subprocess.run(
-            ["rabbitmqctl", "list_queues", "--quiet", "--no-table-headers", "name", "messages"],
+            ["rabbitmqctl", *LIST_QUEUE_MESSAGES],
             capture_output=True,
             text=True,
             timeout=30,
             check=True,
         ).stdout
-        for line in out.splitlines():
-            name, _, count = line.rpartition("\t")
-            if name == queue:
-                return int(count)
-        raise AssertionError(f"queue {queue} not found in {out!r}")
+        return queue_messages(out, queue)
 
     async def consumed() -> bool:
         return await asyncio.to_thread(held) == 0

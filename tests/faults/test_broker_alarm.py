@@ -18,7 +18,7 @@ import pytest
 from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 from tests.conftest import Broker, wait_for
-from tests.faults.audit import audit_run, report_for
+from tests.faults.audit import LIST_QUEUE_MESSAGES, audit_run, queue_messages, report_for
 from tests.rigs.rabbitmq_node import RabbitNode, available
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -47,12 +47,7 @@ async def _ctl(node: RabbitNode, *args: str) -> str:
 
 async def _messages(node: RabbitNode, queue: str) -> int:
     """Ready + unacked, as the broker counts them (an ack the broker never read still counts)."""
-    out = await _ctl(node, "list_queues", "--quiet", "--no-table-headers", "name", "messages")
-    for line in out.splitlines():
-        name, _, count = line.rpartition("\t")
-        if name == queue:
-            return int(count)
-    raise AssertionError(f"queue {queue} not found in {out!r}")
+    return queue_messages(await _ctl(node, *LIST_QUEUE_MESSAGES), queue)
 
 
 async def test_a_memory_alarm_does_not_stop_the_acks(

@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from bulk_recorder.records import CreditAnnotation, Operation, Transaction
+from bulk_recorder.records.exact import signed
 
 PG_MAX_PARAMETERS = 65_535
 MAX_ROWS_PER_INSERT = 1_000
@@ -184,7 +185,7 @@ def transaction_arguments(
     writer applies a many-chunk flush's balances at its end, with APPLY_BALANCES)."""
     operations = sorted(((op, t) for t in chunk for op in t.operations), key=_operation_id)
     contributions = sorted(
-        (op.account_id, op.asset_code, t.id, _signed(op))
+        (op.account_id, op.asset_code, t.id, signed(op))
         for t in chunk
         if balances and t.status == "APPROVED"
         for op in t.operations
@@ -255,7 +256,3 @@ def _timestamp(value: datetime | None) -> str:
 
 def _operation_id(pair: tuple[Operation, Transaction]) -> str:
     return pair[0].id
-
-
-def _signed(op: Operation) -> Decimal:
-    return op.amount if op.type == "CREDIT" else -op.amount

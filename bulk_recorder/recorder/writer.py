@@ -56,7 +56,7 @@ from bulk_recorder.recorder.statements import (
     transaction_arguments,
     transaction_chunks,
 )
-from bulk_recorder.records import CreditAnnotation, Operation, Record, Transaction
+from bulk_recorder.records import CreditAnnotation, Operation, Record, Transaction, exact
 
 log = logging.getLogger("bulk_recorder.writer")  # the name logs have always carried
 
@@ -319,6 +319,5 @@ def balance_deltas(transactions: Sequence[Transaction]) -> dict[tuple[str, str],
             continue
         for op in t.operations:
             key = (op.account_id, op.asset_code)
-            signed = op.amount if op.type == "CREDIT" else -op.amount
-            deltas[key] = deltas.get(key, Decimal(0)) + signed
+            deltas[key] = exact.add(deltas.get(key, exact.ZERO), exact.signed(op))
     return deltas

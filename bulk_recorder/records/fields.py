@@ -7,9 +7,10 @@ import json
 import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime
-from decimal import Context, Decimal
+from decimal import Decimal
 from typing import Any, Final, NoReturn
 
+from bulk_recorder.records import exact
 from bulk_recorder.records.contract import (
     MAX_DEPTH,
     MAX_METADATA_BYTES,
@@ -37,10 +38,9 @@ _DATE_MATCH: Final = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}").fullmatch
 _SURROGATE_ESCAPE_SEARCH: Final = re.compile(r"\\u[dD][89abcdefABCDEF]").search
 
 _AMOUNT_LIMIT: Final = 10**20
-_ZERO: Final = Decimal(0)
+_ZERO: Final = exact.ZERO
 # Sums of up to 1000 amounts of 20 + 18 digits need 42 digits: far beyond the default 28.
-_SUM_CONTEXT: Final = Context(prec=64)
-_sum_add: Final = _SUM_CONTEXT.add
+_sum_add: Final = exact.add
 
 
 def _reject_constant(name: str) -> NoReturn:

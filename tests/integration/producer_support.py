@@ -19,6 +19,7 @@ from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.api import create_app
 from bulk_recorder.producer.api.auth import DEFAULT_SCOPES, create_key
 from bulk_recorder.producer.relay import Relay, RelayConfig
+from bulk_recorder.records import exact
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
@@ -127,8 +128,9 @@ def expected_balances(transactions: list[dict[str, Any]]) -> dict[tuple[str, str
             continue
         for op in t["operations"]:
             key = (op["account_id"], op["asset_code"])
-            amount = Decimal(str(op["amount"]))
-            out[key] = out.get(key, Decimal(0)) + (amount if op["type"] == "CREDIT" else -amount)
+            amount = Decimal(str(op["amount"]))  # exactly: the contract's 38 digits, not 28
+            signed = amount if op["type"] == "CREDIT" else amount.copy_negate()
+            out[key] = exact.add(out.get(key, exact.ZERO), signed)
     return out
 
 

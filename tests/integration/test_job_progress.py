@@ -132,3 +132,38 @@ async def test_the_writer_counts_a_repeat_once_per_job_within_a_flush_and_on_red
         )
 
     assert (await progress(job_a), await progress(job_b), await progress(job_c)) == (1, 2, 3)
+
+
+async def test_two_jobs_sending_one_id_in_one_flush_each_count_it_after_that_flush(
+    database_url: str, db
+) -> None:
+    """The same id from job A and job B in one flush: one row is stored (A's, the first), and
+    B's progress counts its line at once, not only after a redelivery repairs it."""
+    await migrate(database_url)
+    gen = Generator.create(83)
+    job_a, job_b = (gen.credit_annotation()["id"] for _ in range(2))
+    line = gen.credit_annotation()
+
+    def annotation(job_id: str) -> CreditAnnotation:
+        record = decode(ndjson([dict(line, job_id=job_id)]).strip(), "credit_annotation")
+        assert isinstance(record, CreditAnnotation)
+        return record
+
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    try:
+        result = await PgWriter(pool).write([annotation(job_a), annotation(job_b)])
+    finally:
+        await pool.close()
+    assert (
+        result.tables["credit_annotations"].inserted,
+        result.tables["credit_annotations"].ignored,
+    ) == (1, 1)
+    conn = await db()
+    own = dict(await conn.fetch("SELECT job_id::text, count(*) FROM credit_annotations GROUP BY 1"))
+    repeats = dict(
+        await conn.fetch(
+            "SELECT job_id::text, count(*) FROM credit_annotation_job_repeats GROUP BY 1"
+        )
+    )
+    recorded = {job: own.get(job, 0) + repeats.get(job, 0) for job in (job_a, job_b)}
+    assert recorded == {job_a: 1, job_b: 1}

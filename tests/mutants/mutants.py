@@ -38,6 +38,8 @@ TLS = "TLS, proven"
 LEAST_PRIVILEGE = "Least privilege"
 NODE_LOSS = "Broker node loss"
 DB_FAILOVER = "Database failover"
+EXACT_AMOUNTS = "Amounts are exact"
+BAD_DATA = "Bad data never holds the batch"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
@@ -51,6 +53,11 @@ T_DB_ERRORS = "tests/faults/test_db_errors.py::"
 T_OUTAGE = "tests/faults/test_db_outage.py::"
 T_ROLES = "tests/integration/test_roles.py::"
 T_TLS = "tests/faults/test_tls.py::"
+T_WRITER_FAULTS = (
+    "tests/integration/test_writer_faults.py::"
+    "test_a_fault_at_a_flushs_last_statement_leaves_nothing_and_the_retry_is_exact"
+)
+T_EXACT = "tests/integration/test_exact_amounts.py::"
 
 SORTED_KEYS_TESTS = (
     T_BALANCES + "test_every_write_sends_its_keys_in_sorted_order",
@@ -370,5 +377,60 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         promise=DB_FAILOVER,
         tests=("tests/integration/test_db_hosts.py::test_every_command_passes_over_a_silent_host",),
+    ),
+    Mutant(
+        name="flush-shape-decided-on-transactions-only",
+        path="bulk_recorder/recorder/writer.py",
+        old="            max(len(transactions), operations) <= self._tx_rows\n",
+        new="            len(transactions) <= self._tx_rows\n",
+        promise=EXACTLY_ONCE,
+        tests=(T_WRITER_FAULTS,),
+        fast=True,
+    ),
+    Mutant(
+        name="many-chunk-balances-overwritten",
+        path="bulk_recorder/recorder/statements.py",
+        old='DO UPDATE SET available = b.available + EXCLUDED.available, updated_at = now()\n"""\n',
+        new='DO UPDATE SET available = EXCLUDED.available, updated_at = now()\n"""\n',
+        promise=EXACTLY_ONCE,
+        tests=(T_WRITER_FAULTS,),
+        fast=True,
+    ),
+    Mutant(
+        name="job-repeats-skipped-for-an-in-flush-repeat",
+        path="bulk_recorder/recorder/writer.py",
+        old="        if inserted < len(records):",
+        new="        if inserted < len(anns):",
+        promise=EXACTLY_ONCE,
+        tests=(
+            "tests/integration/test_job_progress.py::"
+            "test_two_jobs_sending_one_id_in_one_flush_each_count_it_after_that_flush",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="falsy-job-id-taken-for-none",
+        path="bulk_recorder/records/fields.py",
+        old="    if value is None:\n        return None\n    return _uuid(obj, key)\n",
+        new="    if not value:\n        return None\n    return _uuid(obj, key)\n",
+        promise=BAD_DATA,
+        tests=(
+            "tests/unit/test_records.py::"
+            "test_only_null_or_absent_means_no_job_a_falsy_job_id_is_rejected",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="debit-negated-in-the-default-context",
+        path="bulk_recorder/records/exact.py",
+        old="op.amount.copy_negate()",
+        new="-op.amount",
+        promise=EXACT_AMOUNTS,
+        tests=(
+            T_EXACT
+            + "test_the_contracts_extreme_amounts_balance_to_the_last_digit_in_every_writer_path",
+            T_EXACT + "test_the_api_in_sync_mode_records_the_contracts_extreme_amounts_exactly",
+        ),
+        fast=True,
     ),
 )

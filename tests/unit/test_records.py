@@ -442,6 +442,22 @@ def test_invalid_annotation_uuid(field: str) -> None:
     assert ann_reason(**{field: "1234"}) == f"{field}: invalid UUID"
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("", "job_id: invalid UUID"),
+        (0, "job_id: must be a string, not a number"),
+        (False, "job_id: must be a string, not a boolean"),
+        ([], "job_id: must be a string, not an array"),
+        ({}, "job_id: must be a string, not an object"),
+    ],
+)
+def test_only_null_or_absent_means_no_job_a_falsy_job_id_is_rejected(
+    value: Any, expected: str
+) -> None:
+    assert ann_reason(job_id=value) == expected
+
+
 # --------------------------------------------------------------------------- enumerations
 
 

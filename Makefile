@@ -2,19 +2,30 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock lint test test-unit mutants demo demo-api run bench soak clean
+.PHONY: install system-tools lock lint test test-unit mutants demo demo-api run bench soak clean
 
 install: $(STAMP)
 
-# Exact versions with hashes from requirements-dev.lock, then the project itself (no deps).
-$(STAMP): pyproject.toml requirements-dev.lock
+# What the service and the demos run on: exact versions with hashes from requirements.lock,
+# then the project itself (no deps). The demos need nothing more.
+$(RUNTIME): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
+	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(RUNTIME)
+
+# Development adds the dev lock (ruff, mypy, pytest, hypothesis, testcontainers).
+$(STAMP): $(RUNTIME) requirements-dev.lock
+	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
 	touch $(STAMP)
+
+# The Debian tools the test suite runs (promtool, prometheus, docker-compose, chromium):
+# installed if missing where we are root, else one line naming them.
+system-tools:
+	@bash tests/system_tools.sh
 
 # After a change to pyproject.toml's dependencies: resolve again, with hashes (uv does it fast).
 LOCK_ARGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu --no-header -q
@@ -32,7 +43,7 @@ lint: $(STAMP)
 
 # Unit, integration (real RabbitMQ + PostgreSQL) and fault suites; then two fast mutants (a
 # different pair each day) that the tests named for their promise must still kill.
-test: lint
+test: system-tools lint
 	$(BIN)/pytest -q -p no:cacheprovider
 	$(BIN)/python -m tests.mutants.run --subset 2
 
@@ -45,15 +56,15 @@ test-unit: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit
 
 # The main job end to end on the local services: 300,000 records, then a checked summary.
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(BIN)/bulk-recorder demo --count 300000
 
 # The same job through the producer side: API -> outbox -> relay -> queue -> recorder.
-demo-api: $(STAMP)
+demo-api: $(RUNTIME)
 	$(BIN)/bulk-recorder demo --via api --count 300000
 
 # Run the recorder in the foreground (Ctrl-C stops it cleanly).
-run: $(STAMP)
+run: $(RUNTIME)
 	$(BIN)/bulk-recorder consume
 
 # The standard benchmark set (~10-15 min); tables, raw figures and charts in benchmarks/results.

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 
@@ -342,17 +344,50 @@ def _redacted(value: object) -> object:
     return re.sub(r"(://[^:/@,\s]*:)[^@/\s]*@", r"\1***@", value)
 
 
+# Settings that may come from a file named by <NAME>_FILE instead (the Docker and Kubernetes
+# secrets convention), so that a password never sits in the environment.
+SECRET_FILE_SETTINGS = ("database_url", "rabbitmq_url")
+
+
+def _from_files(environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings given as ``<NAME>_FILE``: each file read once, surrounding white space (the
+    trailing newline an editor or ``echo`` leaves) dropped."""
+    found: dict[str, str] = {}
+    for field in SECRET_FILE_SETTINGS:
+        name = field.upper()
+        path = environ.get(name + "_FILE")
+        if path is None:
+            continue
+        if name in environ:
+            raise SettingsError(f"invalid settings: {name} and {name}_FILE are both set; set one")
+        try:
+            value = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise SettingsError(
+                f"invalid settings: {name}_FILE: cannot read {path!r} ({reason})"
+            ) from None
+        if not value:
+            raise SettingsError(f"invalid settings: {name}_FILE: {path!r} is empty")
+        found[field] = value
+    return found
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Build the settings from the environment (plus explicit overrides).
+    """Build the settings from the environment (plus explicit overrides); DATABASE_URL and
+    RABBITMQ_URL may come from the files named by DATABASE_URL_FILE and RABBITMQ_URL_FILE.
 
     Raises :class:`SettingsError` naming every offending variable, its value and what is expected.
     """
+    from_files = _from_files(os.environ)
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        return Settings(**{**from_files, **overrides})  # type: ignore[arg-type]
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
             name = ".".join(str(part) for part in error["loc"]).upper() or "SETTINGS"
+            if name.lower() in from_files:
+                name += "_FILE"
             value = error.get("input")
             shown = "" if isinstance(value, dict) else f" (got {_redacted(value)!r})"
             problems.append(f"{name}: {error['msg']}{shown}")

@@ -1,0 +1,83 @@
+"""DATABASE_URL_FILE and RABBITMQ_URL_FILE: the URLs read from files (Docker and Kubernetes
+secrets), once at start-up; a variable and its _FILE twin together are a settings error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from settings import SettingsError, load_settings
+from tests.conftest import run_cli
+
+DB = "postgresql://recorder:s3cret@127.0.0.1:1/ledger"
+MQ = "amqp://recorder:s3cret@127.0.0.1:1/"
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("DATABASE_URL", "RABBITMQ_URL", "DATABASE_URL_FILE", "RABBITMQ_URL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_the_urls_are_read_from_their_files_trailing_newline_dropped(
+    env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "db").write_text(DB + "\n")
+    (tmp_path / "mq").write_text(MQ + "\r\n")
+    env.setenv("DATABASE_URL_FILE", str(tmp_path / "db"))
+    env.setenv("RABBITMQ_URL_FILE", str(tmp_path / "mq"))
+    settings = load_settings()
+    assert (settings.database_url, settings.rabbitmq_url) == (DB, MQ)
+
+
+@pytest.mark.parametrize("name", ["DATABASE_URL", "RABBITMQ_URL"])
+def test_a_variable_and_its_file_twin_together_are_refused_naming_both(
+    env: pytest.MonkeyPatch, tmp_path: Path, name: str
+) -> None:
+    (tmp_path / "secret").write_text(DB if name == "DATABASE_URL" else MQ)
+    env.setenv(name, DB if name == "DATABASE_URL" else MQ)
+    env.setenv(name + "_FILE", str(tmp_path / "secret"))
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert f"{name} and {name}_FILE" in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_a_missing_or_empty_file_is_refused_naming_the_variable(
+    env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    env.setenv("DATABASE_URL_FILE", str(tmp_path / "absent"))
+    with pytest.raises(SettingsError, match="DATABASE_URL_FILE: cannot read"):
+        load_settings()
+    (tmp_path / "empty").write_text("\n")
+    env.setenv("DATABASE_URL_FILE", str(tmp_path / "empty"))
+    with pytest.raises(SettingsError, match=r"DATABASE_URL_FILE: .* is empty"):
+        load_settings()
+
+
+def test_a_bad_url_in_a_file_names_the_file_variable_without_the_password(
+    env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "mq").write_text("http://recorder:s3cret@127.0.0.1:1/")
+    env.setenv("RABBITMQ_URL_FILE", str(tmp_path / "mq"))
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "RABBITMQ_URL_FILE" in str(caught.value)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_consume_with_a_variable_and_its_file_twin_exits_2_naming_them(tmp_path: Path) -> None:
+    (tmp_path / "db").write_text(DB)
+    done = run_cli(
+        ["consume"],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "DATABASE_URL": DB,
+            "DATABASE_URL_FILE": str(tmp_path / "db"),
+        },
+    )
+    assert done.returncode == 2, done.stderr
+    assert "DATABASE_URL and DATABASE_URL_FILE" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,10 +1,10 @@
 """AMQP deliveries on the lean path: aiormq's channel directly, one basic.ack per delivery.
 
 aio-pika wraps every delivery in an ``IncomingMessage`` and an extra task, and its ``ack()``
-costs far more than aiormq's ``basic_ack`` (DESIGN.md section 7). The recorder keeps aio-pika
-for connections and topology and acks through the underlying channel. A delivery remembers
-its channel: once that channel is closed its tag means nothing, so every call returns False
-and the broker redelivers the message.
+costs far more than aiormq's ``basic_ack`` (docs/performance.md, "The yardstick"). The
+recorder keeps aio-pika for connections and topology and acks through the underlying channel.
+A delivery remembers its channel: once that channel is closed its tag means nothing, so every
+call returns False and the broker redelivers the message.
 
 Two ways to settle a delivery other than "ack after commit" publish a copy first, on the
 recorder's own publishing connection (:class:`consumer.publisher.Publisher`), and ack only once

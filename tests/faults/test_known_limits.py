@@ -1,4 +1,4 @@
-"""The README's known limits, shown for real: what happens, and how soon.
+"""The known limits of docs/guarantees.md, shown for real: what happens, and how soon.
 
 - Every return counts: a valid message held by a recorder that crashes, again and again, is
   dead-lettered by the broker past RABBITMQ_DELIVERY_LIMIT, with x-death and no reason header.

@@ -115,7 +115,8 @@ async def test_sigterm_with_records_still_buffered_commits_and_acks_them_all(
 
     Whether RabbitMQ applies those acks before the close is the broker's part: 3.10 keeps
     quorum-queue settles beyond 32 in flight for later and drops them with the channel (the
-    README's known limits); the messages come back and the idempotent insert absorbs them."""
+    known limits in docs/guarantees.md); the messages come back and the idempotent insert
+    absorbs them."""
     port = free_port()
     target = urlsplit(services.rabbitmq_url)
     async with AmqpTap(target.hostname or "127.0.0.1", target.port or 5672) as tap:

@@ -2,9 +2,9 @@
 
 A mutant is one exact replacement in one file: ``old`` must occur exactly once (the runner
 refuses to run otherwise), ``new`` is the bug. ``tests`` are the tests named for the promise it
-breaks (the README's Guarantees table): run alone on a scratch copy of the repository with the
+breaks (the table in docs/guarantees.md): run alone on a scratch copy of the repository with the
 mutant applied, at least one of them must fail. ``fast`` mutants (killed in seconds) take turns
-in ``make test``; ``make mutants`` runs them all. How to add one: see the README ("Mutants").
+in ``make test``; ``make mutants`` runs them all. How to add one: see CONTRIBUTING.md.
 """
 
 from __future__ import annotations

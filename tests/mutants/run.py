@@ -203,7 +203,8 @@ def run_mutant(
 
 
 def each_test(chosen: Sequence[Mutant], logs: Path) -> int:
-    """Which of a mutant's named tests kill it, each run on its own (for the README's table)."""
+    """Which of a mutant's named tests kill it, each run on its own (for the table in
+    docs/guarantees.md)."""
     lame = 0
     for mutant in chosen:
         for test in mutant.tests:

@@ -371,4 +371,16 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=DB_FAILOVER,
         tests=("tests/integration/test_db_hosts.py::test_every_command_passes_over_a_silent_host",),
     ),
+    Mutant(
+        name="release-fallback-nack-dead-letters",
+        path="consumer/delivery.py",
+        old="basic_nack(self.tag, requeue=True)",
+        new="basic_nack(self.tag, requeue=False)",
+        promise=OUTAGE,
+        tests=(
+            T_OUTAGE
+            + "test_a_release_whose_copy_the_broker_refuses_is_requeued_never_dead_lettered",
+        ),
+        fast=True,
+    ),
 )

@@ -327,7 +327,7 @@ async def test_a_release_whose_copy_the_broker_refuses_is_requeued_never_dead_le
         # a nack without requeue: the broker dead-letters the released ones at once
         dead = await broker.ready_count(topo.dead_letter_queue)
         assert dead == 0, f"{dead} valid messages dead-lettered"
-        return rec.value("bulk_recorder_messages_acked_total") == len(good)
+        return bool(rec.value("bulk_recorder_messages_acked_total") == len(good))
 
     await wait_for(all_recorded_none_dead_lettered)
     await rec.shutdown()

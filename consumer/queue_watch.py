@@ -70,9 +70,6 @@ class QueueWatch:
             self.note_deliveries()
             try:
                 await self.look()
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                self._channel = None  # closed by the broker with its answer: the queue is gone
-                self._export(0, 0)
             except BROKER_ERRORS as exc:
                 log.debug("queue %s not looked at: %r", self.queue, exc)
                 self._channel = None
@@ -101,7 +98,7 @@ class QueueWatch:
 
     async def look(self) -> bool:
         """One passive declare; False (and both gauges unknown) when there is no connection to
-        look through."""
+        look through. A queue that does not exist reads 0 messages, 0 consumers."""
         connection = self._connection()
         if connection is None or connection.is_closed:
             self._export(UNKNOWN, UNKNOWN)
@@ -110,9 +107,14 @@ class QueueWatch:
         if channel is None or channel.is_closed or self._channel_of is not connection:
             channel = await asyncio.wait_for(connection.channel(), _DECLARE_TIMEOUT_S)
             self._channel, self._channel_of = channel, connection
-        queue = await asyncio.wait_for(
-            channel.declare_queue(self.queue, passive=True), _DECLARE_TIMEOUT_S
-        )
+        try:
+            queue = await asyncio.wait_for(
+                channel.declare_queue(self.queue, passive=True), _DECLARE_TIMEOUT_S
+            )
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            self._channel = None  # the broker closed it with its answer: the queue is gone
+            self._export(0, 0)
+            return True
         declared = queue.declaration_result
         self._export(declared.message_count or 0, declared.consumer_count or 0)
         return True

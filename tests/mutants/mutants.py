@@ -383,4 +383,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="broker-cancel-ignored",
+        path="consumer/app.py",
+        old="{closed, channel.closing, stopped, cancelled}",
+        new="{closed, channel.closing, stopped}",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/faults/test_queue_deleted.py::"
+            "test_the_recorder_declares_its_deleted_queue_again_with_the_contract_arguments",
+        ),
+    ),
 )

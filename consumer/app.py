@@ -8,6 +8,10 @@ invalid one is dead-lettered with its reason and acked; a valid one goes into th
 :class:`BulkCollector`. Finished batches are written by ``RABBITMQ_NUMBERS_OF_WORKERS`` flush
 workers, each with its own database connection.
 
+When the broker cancels the consumer (Basic.Cancel: its queue was deleted), the recorder is not
+ready at once and goes round the broker loop: its channel and deliveries dropped, a new
+connection, the topology declared again with the contract's arguments, then consume.
+
 Every long-lived task (the broker loop, the flush workers, the pause task) outlives any failure
 of the broker it waits on, including the ``CancelledError`` that aiormq sets on every pending
 future of a connection it gives up; only a real cancellation (shutdown) ends them. A flush
@@ -21,9 +25,9 @@ import logging
 import time
 
 import aio_pika
-import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
+from pamqp import commands as spec
 
 from bulk_recorder.infra.aiormq_internals import close_connection, unblock_writers
 from bulk_recorder.infra.backoff import Backoff
@@ -43,19 +47,11 @@ from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, dead_letter_
 from consumer.health import HealthServer
 from consumer.publisher import Publisher
 from consumer.queue_watch import QueueWatch
-from consumer.topology import Topology, declare_topology
+from consumer.topology import Topology, TopologyMismatch, declare_ours
 from consumer.workers import Batch, FlushWorkers
 from settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-class TopologyMismatch(Exception):
-    """The broker already has our queue or exchange declared with other arguments.
-
-    Retrying cannot help (the broker answers PRECONDITION_FAILED every time), so the recorder
-    stops with a message that says which settings must match.
-    """
 
 
 class Recorder(FlushWorkers):
@@ -89,6 +85,7 @@ class Recorder(FlushWorkers):
         # dead letters of invalid messages still being settled (held while the DLQ refuses)
         self._settling: set[asyncio.Future[None]] = set()
         self._broker_ok = False
+        self._cancelled_note: str | None = None  # why not consuming, until declared again
         self._db_ok = False
         self._intake = asyncio.Event()
         self._intake.set()
@@ -105,6 +102,8 @@ class Recorder(FlushWorkers):
 
     def ready(self) -> tuple[bool, str]:
         broker = "up" if self._broker_ok else "down"
+        if self._cancelled_note is not None:
+            broker += f" ({self._cancelled_note})"
         database = "up" if self._db_ok else "down"
         detail = f"broker {broker}, database {database}"
         alive = sum(not task.done() for task in self._workers)
@@ -190,6 +189,7 @@ class Recorder(FlushWorkers):
     async def _broker_loop(self, stop: asyncio.Event) -> None:
         backoff = Backoff(base_s=0.2, cap_s=5.0)
         attempt = 0
+        quick_cancels = 0  # consumers the broker cancelled soon after they started, in a row
         connected_before = False
         while not stop.is_set():
             connection: aio_pika.abc.AbstractConnection | None = None
@@ -198,17 +198,7 @@ class Recorder(FlushWorkers):
                 connection = await self._nodes.connect()
                 consume_channel = await connection.channel(publisher_confirms=False)
                 await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
-                try:
-                    await declare_topology(consume_channel, self.topology)
-                except aiormq.exceptions.ChannelPreconditionFailed as exc:
-                    raise TopologyMismatch(
-                        f"the broker refused our topology ({exc}): queue {self.topology.queue} "
-                        "or its exchanges already exist with other arguments. The queue must be "
-                        "a quorum queue with x-delivery-limit=RABBITMQ_DELIVERY_LIMIT "
-                        f"({self.topology.delivery_limit}) and x-dead-letter-exchange="
-                        f"{self.topology.dead_letter_exchange}; set RABBITMQ_DELIVERY_LIMIT to "
-                        "the existing value, use another RABBITMQ_QUEUE, or delete the queue."
-                    ) from None
+                await declare_ours(consume_channel, self.topology)
                 channel = await consume_channel.get_underlay_channel()
                 self._connection = connection
                 self._channel = channel
@@ -217,8 +207,15 @@ class Recorder(FlushWorkers):
                 connected_before = True
                 attempt = 0
                 self._broker_ok = True
+                self._cancelled_note = None
                 log.info("consuming from %s", self.topology.queue)
-                await self._wait_and_consume(stop, connection, channel)
+                started = time.monotonic()
+                if await self._wait_and_consume(stop, connection, channel):
+                    # go round: connect, declare the queue again, consume; a broker that keeps
+                    # cancelling at once is met with a growing backoff, not a busy loop
+                    quick = time.monotonic() - started < backoff.cap_s
+                    quick_cancels = quick_cancels + 1 if quick else 0
+                    attempt = quick_cancels
             except TopologyMismatch:
                 raise
             except BROKER_ERRORS as exc:
@@ -250,18 +247,34 @@ class Recorder(FlushWorkers):
         stop: asyncio.Event,
         connection: aio_pika.abc.AbstractConnection,
         channel: AbstractChannel,
-    ) -> None:
-        """Consume (unless intake is paused); return on stop or when the connection dies."""
+    ) -> bool:
+        """Consume (unless intake is paused); return on stop or when the connection dies, or
+        True when the broker cancelled the consumer (Basic.Cancel: its queue was deleted)."""
+        cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_cancel(frame: spec.Basic.Cancel) -> None:
+            # in the channel's reader (no RPC here); its deliveries die with it, in the loop
+            self._broker_ok = False
+            self._cancelled_note = f"consumer of {self.topology.queue} cancelled by the broker"
+            if not cancelled.done():
+                cancelled.set_result(None)
+
+        channel.on_consumer_cancel_callbacks.add(on_cancel)
         await self._start_consuming()
         closed = asyncio.ensure_future(connection.closed())
         stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait(
-                {closed, channel.closing, stopped}, return_when=asyncio.FIRST_COMPLETED
+                {closed, channel.closing, stopped, cancelled}, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
+            channel.on_consumer_cancel_callbacks.discard(on_cancel)
             for fut in (closed, stopped):
                 fut.cancel()
+        if not cancelled.done() or stop.is_set():
+            return False
+        log.warning("the broker cancelled our consumer (queue deleted?): declaring it again")
+        return True
 
     async def _start_consuming(self) -> None:
         """basic.consume on the current channel, once, and only while intake is allowed."""
@@ -285,24 +298,6 @@ class Recorder(FlushWorkers):
             if channel is not None and tag is not None and not channel.is_closed:
                 with broker_failures_suppressed():
                     await channel.basic_cancel(tag)
-
-    def _drop_channel(self, channel: AbstractChannel) -> None:
-        """Forget a dead channel's deliveries, buffered or in batches that wait for a worker:
-        their tags cannot be acked elsewhere, and the broker redelivers them to the next
-        channel. Left queued, each reconnect during a database outage would add a prefetch
-        window to the queue (batches a worker already holds are settled by it as dropped)."""
-
-        def dead(p: Pending) -> bool:
-            return getattr(p.delivery, "channel", None) is channel
-
-        dropped = len(self._collector.drop(dead)) + self._drop_queued(dead)
-        if dropped:
-            self.metrics.messages_dropped.inc(dropped)
-            self.metrics.buffer_messages.dec(dropped)
-            log.info("dropped %d held deliveries of the closed channel", dropped)
-        if self._channel is channel:
-            self._channel = None
-            self._consumer_tag = None
 
     # -- the hot path -----------------------------------------------------------------------
 

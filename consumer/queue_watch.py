@@ -9,8 +9,14 @@ delivery callback only counts, as it already did.
 
 So: messages ready and no consumer attached, or messages ready and no delivery for minutes,
 is "nothing is consuming"; an empty queue while the outbox holds rows is "nothing is arriving"
-(the relay's side). A failed look (the broker away, the queue deleted) leaves the gauges as they
-were and is tried again at the next interval.
+(the relay's side).
+
+A look that finds the queue deleted exports 0 and 0: nothing waits in it and nothing consumes
+it (the relay's publishes come back unroutable meanwhile, which its own alerts see). A look that
+cannot be made (the recorder not connected, the broker failing the declare) exports NaN for
+both: unknown, never the last count. A kept count of 1 consumer would hide, in the alerts'
+``max()`` over all recorders, that none is attached; ``max()`` skips NaN while another recorder
+knows, and a comparison with NaN is never true.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 from collections.abc import Callable
 
 import aio_pika
+import aiormq
 
 from bulk_recorder.infra.broker import BROKER_ERRORS, cancel_requested
 from bulk_recorder.infra.db import wait_or_stop
@@ -28,6 +35,7 @@ from bulk_recorder.infra.metrics import Metrics
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 5.0
+UNKNOWN = float("nan")
 _DECLARE_TIMEOUT_S = 10.0
 
 ConnectionGetter = Callable[[], aio_pika.abc.AbstractConnection | None]
@@ -65,13 +73,16 @@ class QueueWatch:
             except BROKER_ERRORS as exc:
                 log.debug("queue %s not looked at: %r", self.queue, exc)
                 self._channel = None
+                self._export(UNKNOWN, UNKNOWN)
             except asyncio.CancelledError:
                 if cancel_requested():
                     raise
                 self._channel = None  # aiormq gave up on the connection under us
+                self._export(UNKNOWN, UNKNOWN)
             except Exception:  # stale gauges would hide a stuck queue: log, keep going
                 log.exception("looking at queue %s failed unexpectedly", self.queue)
                 self._channel = None
+                self._export(UNKNOWN, UNKNOWN)
             await wait_or_stop(stop, self.interval_s)
 
     def note_deliveries(self) -> None:
@@ -81,19 +92,29 @@ class QueueWatch:
             self._received = received
             self.metrics.last_delivery.set_to_current_time()
 
+    def _export(self, messages: float, consumers: float) -> None:
+        self.metrics.queue_messages.set(messages)
+        self.metrics.queue_consumers.set(consumers)
+
     async def look(self) -> bool:
-        """One passive declare; False when there is no connection to look through."""
+        """One passive declare; False (and both gauges unknown) when there is no connection to
+        look through. A queue that does not exist reads 0 messages, 0 consumers."""
         connection = self._connection()
         if connection is None or connection.is_closed:
+            self._export(UNKNOWN, UNKNOWN)
             return False
         channel = self._channel
         if channel is None or channel.is_closed or self._channel_of is not connection:
             channel = await asyncio.wait_for(connection.channel(), _DECLARE_TIMEOUT_S)
             self._channel, self._channel_of = channel, connection
-        queue = await asyncio.wait_for(
-            channel.declare_queue(self.queue, passive=True), _DECLARE_TIMEOUT_S
-        )
+        try:
+            queue = await asyncio.wait_for(
+                channel.declare_queue(self.queue, passive=True), _DECLARE_TIMEOUT_S
+            )
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            self._channel = None  # the broker closed it with its answer: the queue is gone
+            self._export(0, 0)
+            return True
         declared = queue.declaration_result
-        self.metrics.queue_messages.set(declared.message_count or 0)
-        self.metrics.queue_consumers.set(declared.consumer_count or 0)
+        self._export(declared.message_count or 0, declared.consumer_count or 0)
         return True

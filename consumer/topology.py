@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from settings import Settings
@@ -62,6 +63,29 @@ async def declare_topology(channel: AbstractChannel, topology: Topology) -> None
         topology.queue, durable=True, arguments=topology.queue_arguments()
     )
     await queue.bind(exchange, "#")
+
+
+class TopologyMismatch(Exception):
+    """The broker already has our queue or exchange declared with other arguments.
+
+    Retrying cannot help (the broker answers PRECONDITION_FAILED every time), so the recorder
+    stops with a message that says which settings must match.
+    """
+
+
+async def declare_ours(channel: AbstractChannel, topology: Topology) -> None:
+    """:func:`declare_topology`, with a refusal of our arguments raised as TopologyMismatch."""
+    try:
+        await declare_topology(channel, topology)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        raise TopologyMismatch(
+            f"the broker refused our topology ({exc}): queue {topology.queue} "
+            "or its exchanges already exist with other arguments. The queue must be "
+            "a quorum queue with x-delivery-limit=RABBITMQ_DELIVERY_LIMIT "
+            f"({topology.delivery_limit}) and x-dead-letter-exchange="
+            f"{topology.dead_letter_exchange}; set RABBITMQ_DELIVERY_LIMIT to "
+            "the existing value, use another RABBITMQ_QUEUE, or delete the queue."
+        ) from None
 
 
 async def delete_topology(

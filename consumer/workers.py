@@ -1,9 +1,10 @@
-"""The recorder's flush workers and its pause during a long database outage.
+"""The recorder's flush workers, what it holds, and its pause during a long database outage.
 
 Batches the collector closes wait in one queue; ``settings.flush_workers`` workers each take
 one at a time and hand it to the :class:`Flusher`. A worker that ends outside shutdown is logged
 and replaced after ``WORKER_RESTART_DELAY_S``. A batch released after a long outage pauses
 intake: what is held goes back to the broker and intake resumes once a probe write succeeds.
+A dead channel's deliveries, buffered or queued, are forgotten (the broker redelivers them).
 
 :class:`FlushWorkers` is a part of :class:`consumer.app.Recorder`, kept in a module of its own;
 the attributes it declares are the Recorder's.
@@ -15,6 +16,8 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+
+from aiormq.abc import AbstractChannel
 
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import broker_failures_suppressed, cancel_requested
@@ -45,6 +48,8 @@ class FlushWorkers:
     _db_ok: bool
     _intake: asyncio.Event
     _pause_task: asyncio.Task[None] | None
+    _channel: AbstractChannel | None
+    _consumer_tag: str | None
     _start_consuming: Callable[[], Awaitable[None]]
     _stop_consuming: Callable[[], Awaitable[None]]
 
@@ -65,6 +70,24 @@ class FlushWorkers:
         for _ in queued:  # after the puts: join() never sees an empty queue on the way
             self._batches.task_done()
         return dropped
+
+    def _drop_channel(self, channel: AbstractChannel) -> None:
+        """Forget a dead channel's deliveries, buffered or in batches that wait for a worker:
+        their tags cannot be acked elsewhere, and the broker redelivers them to the next
+        channel. Left queued, each reconnect during a database outage would add a prefetch
+        window to the queue (batches a worker already holds are settled by it as dropped)."""
+
+        def dead(p: Pending) -> bool:
+            return getattr(p.delivery, "channel", None) is channel
+
+        dropped = len(self._collector.drop(dead)) + self._drop_queued(dead)
+        if dropped:
+            self.metrics.messages_dropped.inc(dropped)
+            self.metrics.buffer_messages.dec(dropped)
+            log.info("dropped %d held deliveries of the closed channel", dropped)
+        if self._channel is channel:
+            self._channel = None
+            self._consumer_tag = None
 
     def _start_worker(self, slot: int) -> asyncio.Task[None]:
         task = asyncio.create_task(self._flush_worker(), name=f"flush-worker-{slot}")

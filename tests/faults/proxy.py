@@ -1,7 +1,7 @@
 """An asyncio TCP proxy for fault tests: put it between the recorder and PostgreSQL or RabbitMQ.
 
 ``TcpProxy(host, port)`` listens on 127.0.0.1 with a free port and forwards every connection to
-the target. Three modes:
+the target. Four modes:
 
 - pass (``restore()``): bytes flow both ways.
 - cut (``cut()``): every open connection is aborted (the peer sees a reset) and new connections
@@ -10,6 +10,8 @@ the target. Three modes:
   forwarded: at most one chunk a direction is read and held, then the sockets are no longer
   read, so TCP holds the rest (a partition that loses nothing). ``restore()`` lets the held
   bytes through in order, like a healed network.
+- refuse new (``refuse_new()``): open connections keep flowing; new ones are accepted and closed
+  at once, so a client that leaves its connection cannot come back until ``restore()``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Literal, Self
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["pass", "cut", "blackhole"]
+Mode = Literal["pass", "cut", "blackhole", "refuse"]
 
 # Sees every chunk of one direction of one connection just before it is forwarded (awaited, so
 # it can hold the chunk); see TcpProxy.inspector.
@@ -118,6 +120,13 @@ class TcpProxy:
         self._flowing.clear()
         log.info("proxy %d: blackhole", self.port)
 
+    def refuse_new(self) -> None:
+        """Keep the open connections flowing; close every new one at once until restore()."""
+        if self.mode != "refuse":
+            self.faults += 1
+        self.mode = "refuse"
+        log.info("proxy %d: refusing new connections", self.port)
+
     def restore(self) -> None:
         """Forward again; connections held by blackhole() resume where they stopped."""
         self.mode = "pass"
@@ -143,7 +152,7 @@ class TcpProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections_total += 1
         number = self.connections_total
-        if self.mode == "cut":
+        if self.mode in ("cut", "refuse"):
             writer.transport.abort()
             return
         link = _Link(writer)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import aio_pika
+import aiormq
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
@@ -255,5 +257,82 @@ async def test_sigterm_during_an_outage_then_a_recorder_started_while_the_databa
     assert await proc.terminate() == 0
     audit = await audit_run(
         await db(), broker, report, faults=pg_proxy.faults, expected_dlq=expected
+    )
+    audit.assert_exact(dlq_surplus_allowed=False)
+
+
+def _ctl(*args: str) -> None:
+    """rabbitmqctl on the machine's broker (a policy that matches only this test's queue)."""
+    import subprocess
+
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+async def test_a_release_whose_copy_the_broker_refuses_is_requeued_never_dead_lettered(
+    make_settings, start_recorder, broker, db, database_url, pg_proxy, caplog
+) -> None:
+    """A long outage releases the held deliveries, and the queue refuses their copies (at its
+    max-length with reject-publish): each falls back to a nack that requeues it. Not a nack
+    that dead-letters it: a valid message must not end in the DLQ (nor be dropped, were the
+    DLQ refusing too) because the database was away. Recorded once the database is back."""
+    import logging
+    import re
+
+    caplog.set_level(logging.WARNING, logger="consumer.delivery")
+    topo = broker.topology
+    settings = make_settings(
+        database_url=via_proxy(database_url, pg_proxy),
+        bulk_recorder_release_after_s=5.0,
+        bulk_recorder_confirm_timeout_s=2.0,
+        rabbitmq_numbers_of_workers=1,
+        rabbitmq_numbers_of_prefetch=1,
+        bulk_recorder_size=1,
+    )
+    rec = await start_recorder(settings)
+    good = _messages(Generator.create(seed=25), 6)
+    pg_proxy.cut()
+    await broker.publish_many(good)
+    await wait_for(lambda: rec.value("bulk_recorder_messages_received_total") >= 2)
+    policy = f"full-{topo.queue}"
+    _ctl(
+        "set_policy",
+        "--apply-to",
+        "queues",
+        "--priority",
+        "100",
+        policy,
+        f"^{re.escape(topo.queue)}$",
+        '{"max-length": 1, "overflow": "reject-publish"}',
+    )
+    try:
+        # the queue refuses a copy now (a probe, refused, adds nothing), before any release
+        probe = aio_pika.Message(b"probe", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+
+        async def refusing() -> bool:
+            try:
+                await broker.channel.default_exchange.publish(probe, routing_key=topo.queue)
+            except aiormq.exceptions.DeliveryError:
+                return True
+            raise AssertionError("the probe was taken: the queue is not full")
+
+        await wait_for(refusing, timeout=10)
+        assert rec.value("bulk_recorder_messages_released_total") == 0, "released too early"
+        await wait_for(lambda: rec.value("bulk_recorder_messages_released_total") >= 2)
+        assert any("nacking it instead" in r.getMessage() for r in caplog.records)
+    finally:
+        _ctl("clear_policy", policy)
+    pg_proxy.restore()
+
+    async def all_recorded_none_dead_lettered() -> bool:
+        # a nack without requeue: the broker dead-letters the released ones at once
+        dead = await broker.ready_count(topo.dead_letter_queue)
+        assert dead == 0, f"{dead} valid messages dead-lettered"
+        return bool(rec.value("bulk_recorder_messages_acked_total") == len(good))
+
+    await wait_for(all_recorded_none_dead_lettered)
+    await rec.shutdown()
+    report, expected_dlq = report_for(good)
+    audit = await audit_run(
+        await db(), broker, report, faults=pg_proxy.faults, expected_dlq=expected_dlq
     )
     audit.assert_exact(dlq_surplus_allowed=False)

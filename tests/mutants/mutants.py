@@ -433,4 +433,27 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="release-fallback-nack-dead-letters",
+        path="consumer/delivery.py",
+        old="basic_nack(self.tag, requeue=True)",
+        new="basic_nack(self.tag, requeue=False)",
+        promise=OUTAGE,
+        tests=(
+            T_OUTAGE
+            + "test_a_release_whose_copy_the_broker_refuses_is_requeued_never_dead_lettered",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="broker-cancel-ignored",
+        path="consumer/app.py",
+        old="{closed, channel.closing, stopped, cancelled}",
+        new="{closed, channel.closing, stopped}",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/faults/test_queue_deleted.py::"
+            "test_the_recorder_declares_its_deleted_queue_again_with_the_contract_arguments",
+        ),
+    ),
 )

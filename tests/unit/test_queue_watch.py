@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 from bulk_recorder.infra.metrics import Metrics
@@ -29,8 +30,12 @@ def test_last_delivery_moves_only_when_the_received_counter_moved() -> None:
     assert _last(metrics) == 7.0  # the same count as at the last look
 
 
-async def test_no_connection_is_no_look_and_leaves_the_queue_gauges_alone() -> None:
+async def test_no_connection_is_no_look_and_the_queue_gauges_read_unknown_not_stale() -> None:
+    """A recorder that lost its connection must not keep exporting its last count: one
+    consumer kept from before would hide in max() that no consumer is attached any more."""
     metrics = Metrics()
     metrics.queue_messages.set(42)
+    metrics.queue_consumers.set(1)
     assert not await QueueWatch(metrics, "q", lambda: None).look()
-    assert metrics.registry.get_sample_value("bulk_recorder_queue_messages") == 42
+    for name in ("bulk_recorder_queue_messages", "bulk_recorder_queue_consumers"):
+        assert math.isnan(metrics.registry.get_sample_value(name) or 0.0), name

@@ -1,0 +1,46 @@
+"""The queue watch against the real broker: what its gauges read when the queue is deleted."""
+
+from __future__ import annotations
+
+import aio_pika
+import pytest
+
+from bulk_recorder.infra.metrics import Metrics
+from consumer.queue_watch import QueueWatch
+from consumer.topology import declare_topology
+from tests.conftest import Broker, Services
+
+pytestmark = [pytest.mark.rabbitmq]
+
+
+def _gauges(metrics: Metrics) -> tuple[float | None, float | None]:
+    sample = metrics.registry.get_sample_value
+    return sample("bulk_recorder_queue_messages"), sample("bulk_recorder_queue_consumers")
+
+
+async def test_a_deleted_queue_reads_no_messages_and_no_consumers_not_the_last_count(
+    services: Services, broker: Broker
+) -> None:
+    topo = broker.topology
+    connection = await aio_pika.connect(services.rabbitmq_url)
+    try:
+        metrics = Metrics()
+        watch = QueueWatch(metrics, topo.queue, lambda: connection)
+
+        async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            return None  # held unacked: it dies with the queue
+
+        await (await broker.channel.get_queue(topo.queue)).consume(hold)
+        await broker.publish(b"{}", "transaction")
+        assert await watch.look()
+        assert _gauges(metrics)[1] == 1
+        await broker.channel.queue_delete(topo.queue)
+        assert await watch.look()
+        assert _gauges(metrics) == (0, 0)  # before: (0 or 1, 1), the cancelled consumer kept
+        # declared again (as publish does): the watch looks through a new channel
+        await declare_topology(await connection.channel(), topo)
+        await broker.publish(b"{}", "transaction")
+        assert await watch.look()
+        assert _gauges(metrics) == (1, 0)
+    finally:
+        await connection.close()

@@ -21,7 +21,6 @@ import logging
 import time
 
 import aio_pika
-import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
 
@@ -30,6 +29,7 @@ from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
+    TopologyMismatch,
     broker_failures_suppressed,
     cancel_requested,
 )
@@ -43,19 +43,11 @@ from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, dead_letter_
 from consumer.health import HealthServer
 from consumer.publisher import Publisher
 from consumer.queue_watch import QueueWatch
-from consumer.topology import Topology, declare_topology
+from consumer.topology import Topology, declare_or_mismatch
 from consumer.workers import Batch, FlushWorkers
 from settings import Settings
 
 log = logging.getLogger(__name__)
-
-
-class TopologyMismatch(Exception):
-    """The broker already has our queue or exchange declared with other arguments.
-
-    Retrying cannot help (the broker answers PRECONDITION_FAILED every time), so the recorder
-    stops with a message that says which settings must match.
-    """
 
 
 class Recorder(FlushWorkers):
@@ -198,17 +190,7 @@ class Recorder(FlushWorkers):
                 connection = await self._nodes.connect()
                 consume_channel = await connection.channel(publisher_confirms=False)
                 await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
-                try:
-                    await declare_topology(consume_channel, self.topology)
-                except aiormq.exceptions.ChannelPreconditionFailed as exc:
-                    raise TopologyMismatch(
-                        f"the broker refused our topology ({exc}): queue {self.topology.queue} "
-                        "or its exchanges already exist with other arguments. The queue must be "
-                        "a quorum queue with x-delivery-limit=RABBITMQ_DELIVERY_LIMIT "
-                        f"({self.topology.delivery_limit}) and x-dead-letter-exchange="
-                        f"{self.topology.dead_letter_exchange}; set RABBITMQ_DELIVERY_LIMIT to "
-                        "the existing value, use another RABBITMQ_QUEUE, or delete the queue."
-                    ) from None
+                await declare_or_mismatch(consume_channel, self.topology)
                 channel = await consume_channel.get_underlay_channel()
                 self._connection = connection
                 self._channel = channel

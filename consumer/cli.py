@@ -54,7 +54,8 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.app import Recorder, TopologyMismatch
+    from bulk_recorder.infra.broker import TopologyMismatch
+    from consumer.app import Recorder
 
     async def body(stop: asyncio.Event) -> int:
         try:

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from bulk_recorder.infra.broker import TopologyMismatch
 from settings import Settings
 
 
@@ -62,6 +64,22 @@ async def declare_topology(channel: AbstractChannel, topology: Topology) -> None
         topology.queue, durable=True, arguments=topology.queue_arguments()
     )
     await queue.bind(exchange, "#")
+
+
+async def declare_or_mismatch(channel: AbstractChannel, topology: Topology) -> None:
+    """:func:`declare_topology`; a PRECONDITION_FAILED (the queue or an exchange exists with
+    other arguments) raises :class:`TopologyMismatch`, naming the queue and what must match."""
+    try:
+        await declare_topology(channel, topology)
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        raise TopologyMismatch(
+            f"the broker refused our topology ({exc}): queue {topology.queue} "
+            "or its exchanges already exist with other arguments. The queue must be "
+            "a quorum queue with x-delivery-limit=RABBITMQ_DELIVERY_LIMIT "
+            f"({topology.delivery_limit}) and x-dead-letter-exchange="
+            f"{topology.dead_letter_exchange}; set RABBITMQ_DELIVERY_LIMIT to "
+            "the existing value, use another RABBITMQ_QUEUE, or delete the queue."
+        ) from None
 
 
 async def delete_topology(

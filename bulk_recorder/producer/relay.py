@@ -42,7 +42,6 @@ heartbeat): only a cancellation of the task itself (a shutdown) ends it. A task 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -51,17 +50,17 @@ import aio_pika
 import asyncpg
 from aiormq.abc import AbstractChannel
 
-from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
+    TopologyMismatch,
     cancel_requested,
 )
 from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready, wait_any, wait_or_stop
 from bulk_recorder.infra.errors import renew_if_server_gone
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.producer.outbox import OUTBOX_CHANNEL, outbox_stats, record_stats
+from bulk_recorder.producer.outbox import listen, outbox_stats, record_stats
 from bulk_recorder.producer.relay_publish import (
     BatchPublisher,
     BatchResult,
@@ -84,7 +83,9 @@ class Relay:
     ``declare`` is called with a fresh channel after every (re)connect, before the first
     publish: the service passes its topology declaration so that messages are routable even
     before a recorder ever ran. Publishes are ``mandatory``: without a bound queue the broker
-    returns them and the rows stay (refused, retried later), they are never dropped.
+    returns them and the rows stay (refused, retried later), they are never dropped. A
+    ``declare`` that raises :class:`TopologyMismatch` (our queue exists with other arguments)
+    stops the relay: retrying cannot help, and ``run`` raises it after an orderly stop.
     """
 
     def __init__(
@@ -111,6 +112,8 @@ class Relay:
         self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
         self._batches = BatchPublisher(self.config, self.metrics, self.exchange)
         self._failed_rounds = 0  # batches in a row with a nack or a lost confirm
+        self._stopping: asyncio.Event | None = None  # run's stop, set on a topology mismatch
+        self._mismatch: TopologyMismatch | None = None
 
     # -- readiness --------------------------------------------------------------------------
 
@@ -140,6 +143,7 @@ class Relay:
             s.rabbitmq_exchange,
         )
         halt = self._halt
+        self._stopping = stop
         self.metrics.outbox_last_publish.set_to_current_time()  # "never" reads as "since start"
         try:
             if not await self._connect_database(stop):
@@ -148,7 +152,7 @@ class Relay:
                 self._tasks,
                 {
                     "relay-broker": partial(self._broker_loop, halt),
-                    "relay-listen": partial(self._listen_loop, halt),
+                    "relay-listen": partial(listen, self.settings.database_url, self.wake, halt),
                     "relay-stats": partial(self._stats_loop, halt),
                     **{f"relay-lane-{i}": partial(self._lane, i, stop) for i in range(c.lanes)},
                 },
@@ -179,6 +183,8 @@ class Relay:
                 except TimeoutError:
                     self._pool.terminate()
             log.info("relay stopped")
+        if self._mismatch is not None:
+            raise self._mismatch
 
     def _lane_tasks(self) -> list[asyncio.Task[None]]:
         return [t for name, t in self._tasks.items() if name.startswith("relay-lane-")]
@@ -210,6 +216,9 @@ class Relay:
                 log.info("relay connected to the broker; publishing to %s", self.exchange)
                 self.wake()
                 attempt = await self._hold(connection, underlay, stop)
+            except TopologyMismatch as exc:
+                self._give_up(exc)
+                break
             except BROKER_ERRORS as exc:
                 log.warning(
                     "broker at %s not reachable (%r); rows wait in the outbox",
@@ -234,6 +243,12 @@ class Relay:
                 break
             await wait_or_stop(stop, backoff.delay(attempt))
             attempt += 1
+
+    def _give_up(self, mismatch: TopologyMismatch) -> None:
+        """The broker refuses our topology: stop the relay; ``run`` raises ``mismatch``."""
+        self._mismatch = mismatch
+        if self._stopping is not None:
+            self._stopping.set()
 
     async def _hold(
         self,
@@ -265,45 +280,6 @@ class Relay:
             return self._failed_rounds
         log.warning("relay lost the broker connection; rows wait in the outbox")
         return 0
-
-    async def _listen_loop(self, stop: asyncio.Event) -> None:
-        """LISTEN on its own connection; reconnect when it drops (the poll covers the gap)."""
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        while not stop.is_set():
-            conn: asyncpg.Connection | None = None
-            lost = asyncio.Event()
-            try:
-                conn = await pg_hosts.connect(self.settings.database_url)
-                conn.add_termination_listener(_setter(lost))
-                await conn.add_listener(OUTBOX_CHANNEL, lambda *_args: self.wake())
-                attempt = 0
-                self.wake()  # rows may have arrived while we were not listening
-                stopped = asyncio.ensure_future(stop.wait())
-                gone = asyncio.ensure_future(lost.wait())
-                try:
-                    await asyncio.wait({stopped, gone}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stopped.cancel()
-                    gone.cancel()
-            except DB_ERRORS as exc:
-                log.warning("outbox listener connection failed (%r); polling meanwhile", exc)
-            except asyncio.CancelledError:
-                if cancel_requested():
-                    raise
-                log.warning("outbox listener cancelled under us; polling meanwhile")
-            except Exception:  # the listener is an optimisation: never let it die silently
-                log.exception("outbox listener failed unexpectedly; polling meanwhile")
-            finally:
-                if conn is not None and not conn.is_closed():
-                    with contextlib.suppress(*DB_ERRORS):
-                        await asyncio.wait_for(conn.close(), 5)
-                    if not conn.is_closed():
-                        conn.terminate()
-            if stop.is_set():
-                break
-            await wait_or_stop(stop, backoff.delay(attempt))
-            attempt += 1
 
     async def _stats_loop(self, stop: asyncio.Event) -> None:
         assert self._pool is not None
@@ -381,10 +357,3 @@ class Relay:
             return BatchResult(0, 0, 0, 0)
         async with self._pool.acquire() as conn, conn.transaction():
             return await self._batches.relay(conn, channel)
-
-
-def _setter(event: asyncio.Event) -> Callable[[object], None]:
-    def set_event(_: object) -> None:
-        event.set()
-
-    return set_event

@@ -6,18 +6,20 @@ The relay, in each of its lanes, repeats one database transaction:
    lanes and several relay processes take disjoint batches),
 2. publish them all at once on a confirm channel (the whole batch in flight, never one confirm
    awaited after another) with the message properties of DESIGN.md section 4 and
-   ``mandatory`` set, so that an unroutable message counts as refused, not as sent,
+   ``mandatory`` set, so that an unroutable message is never counted as sent,
 3. delete the rows the broker confirmed and add them to their jobs' ``published`` count; a
-   refused row (returned as unroutable, or its lone publish closed the channel) gets a later
-   ``available_at`` and is parked after ``max_attempts`` refusals; a row that was nacked, or
-   that was in flight when the connection died or its confirm timed out, is left untouched (an
-   outage is not bad data),
+   refused row (its lone publish closed the channel) gets a later ``available_at`` and is
+   parked after ``max_attempts`` refusals; a row that was nacked, returned as unroutable, or
+   in flight when the connection died or its confirm timed out, is left untouched (an outage
+   is not bad data),
 4. commit.
 
 A nack or a lost confirm on a channel that is still open is an outage of the broker (a quorum
-queue without a leader or a majority, a queue full with ``reject-publish``): the lane asks the
-broker loop to replace the connection and channel (the next connect tries the next node of a
-cluster) and backs off, doubling with every batch that fails so in a row.
+queue without a leader or a majority, a queue full with ``reject-publish``), and so is a return:
+the exchange routes every key to our queue, so a return says the queue or its binding is gone.
+The lane asks the broker loop to replace the connection and channel (the next connect tries the
+next node of a cluster, and declares the topology again) and backs off, doubling with every
+batch that fails so in a row.
 
 A row can also make the broker close the channel (``406 PRECONDITION_FAILED``, e.g. a body over
 its ``max_message_size``): that fails every publish in flight on the channel, so the culprit is
@@ -82,8 +84,9 @@ class Relay:
 
     ``declare`` is called with a fresh channel after every (re)connect, before the first
     publish: the service passes its topology declaration so that messages are routable even
-    before a recorder ever ran. Publishes are ``mandatory``: without a bound queue the broker
-    returns them and the rows stay (refused, retried later), they are never dropped. A
+    before a recorder ever ran, and again after a return (the queue was deleted). Publishes are
+    ``mandatory``: without a bound queue the broker returns them and the rows stay untouched
+    (an outage, retried after a backoff), they are never dropped nor parked for it. A
     ``declare`` that raises :class:`TopologyMismatch` (our queue exists with other arguments)
     stops the relay: retrying cannot help, and ``run`` raises it after an orderly stop.
     """
@@ -274,8 +277,8 @@ class Relay:
             return 0
         if self._replace.is_set() and not underlay.is_closed:
             log.warning(
-                "replacing the broker connection and channel after a nack or a lost "
-                "confirm; rows wait in the outbox"
+                "replacing the broker connection and channel after a nack, a return or a "
+                "lost confirm; rows wait in the outbox"
             )
             return self._failed_rounds
         log.warning("relay lost the broker connection; rows wait in the outbox")
@@ -332,9 +335,10 @@ class Relay:
             self._db_ok = True
             db_failures = 0
             if result.lost:
-                # A nack, a confirm that timed out, or a channel that went away mid-batch: an
-                # outage of the broker. The channel is replaced (if the broker loop has not
-                # noticed already) and this lane backs off, longer with each such batch in a row.
+                # A nack, a return, a confirm that timed out, or a channel that went away
+                # mid-batch: an outage of the broker. The channel is replaced (if the broker
+                # loop has not noticed already; the reconnect declares the topology again) and
+                # this lane backs off, longer with each such batch in a row.
                 self._failed_rounds += 1
                 if self._channel is channel:
                     self._channel = None

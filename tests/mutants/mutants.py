@@ -351,7 +351,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="publisher-nack-as-refusal",
         path="bulk_recorder/producer/relay_publish.py",
-        old="elif isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal):",
+        old="elif isinstance(outcome, ChannelRefusal):",
         new="elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):",
         promise=NODE_LOSS,
         tests=(
@@ -370,5 +370,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         promise=DB_FAILOVER,
         tests=("tests/integration/test_db_hosts.py::test_every_command_passes_over_a_silent_host",),
+    ),
+    Mutant(
+        name="unroutable-return-as-refusal",
+        path="bulk_recorder/producer/relay_publish.py",
+        old="unroutable += 1  # our queue or its binding is gone: not the row's fault",
+        new='refused.append(row["id"])\n                reasons.append("returned")',
+        promise=PRODUCER,
+        tests=(
+            "tests/faults/test_relay_unroutable.py::"
+            "test_a_deleted_queue_is_redeclared_by_the_relay_and_no_row_is_charged_or_parked",
+        ),
+        fast=True,
     ),
 )

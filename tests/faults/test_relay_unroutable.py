@@ -21,7 +21,7 @@ from bulk_recorder.producer.relay import RelayConfig
 from consumer.tools.loadgen import Generator
 from consumer.topology import declare_topology
 from tests.conftest import Broker, wait_for
-from tests.integration.producer_support import api_client, ndjson, running_relay
+from tests.integration.producer_support import RunningRelay, api_client, ndjson, running_relay
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -30,7 +30,7 @@ ROWS = 30
 CONFIG = RelayConfig(batch_size=10, lanes=2, poll_interval_s=0.2, max_attempts=2)
 
 
-def failures(relay: Any) -> float:
+def failures(relay: RunningRelay) -> float:
     return sum(
         relay.value("bulk_recorder_outbox_publish_failures_total", reason=reason)
         for reason in ("refused", "nacked", "lost", "unroutable")

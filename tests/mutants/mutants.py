@@ -383,4 +383,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="unpark-keeps-the-job-counts",
+        path="consumer/tools/outbox.py",
+        old="await conn.execute(_UNCOUNT, jobs, [done.per_job[j] for j in jobs])",
+        new="pass",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_outbox_unpark.py::"
+            "test_outbox_unpark_puts_parked_rows_back_and_keeps_job_counts_right",
+        ),
+        fast=True,
+    ),
 )

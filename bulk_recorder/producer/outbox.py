@@ -36,6 +36,13 @@ SELECT count(*) AS backlog,
 FROM outbox WHERE parked_at IS NULL
 """
 
+# One row: when a relay last published any row (006_outbox_relay_activity.sql). A lane that finds
+# it locked leaves it to the lane holding it, which is stamping it now: never a wait.
+_STAMP_PUBLISHED = """
+UPDATE outbox_relay_activity SET last_published_at = clock_timestamp()
+WHERE only_row = (SELECT only_row FROM outbox_relay_activity FOR UPDATE SKIP LOCKED)
+"""
+
 
 async def enqueue(
     conn: Connection,
@@ -67,6 +74,11 @@ async def copy_to_outbox(
 async def notify(conn: Connection) -> None:
     """Wake the relays; inside a transaction PostgreSQL delivers it at commit (or never)."""
     await conn.execute(f"NOTIFY {OUTBOX_CHANNEL}")
+
+
+async def stamp_published(conn: Connection) -> None:
+    """Record, in the relay's batch transaction, that it published rows (of any kind) now."""
+    await conn.execute(_STAMP_PUBLISHED)
 
 
 @dataclass(frozen=True, slots=True)

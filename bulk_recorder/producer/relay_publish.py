@@ -22,7 +22,7 @@ from bulk_recorder.infra.broker import (
     cancel_requested,
 )
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.producer.outbox import Connection
+from bulk_recorder.producer.outbox import Connection, stamp_published
 
 log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried
 
@@ -277,6 +277,7 @@ class BatchPublisher:
                 lost_error = lost_error or f"{type(outcome).__name__}: {outcome}"
         if sent:
             await conn.execute(_DELETE_SENT, sent)
+            await stamp_published(conn)  # any row: a job's status tells a busy relay by it
             if published_per_job:
                 jobs = sorted(published_per_job)  # one lock order for every lane and relay
                 await conn.execute(_COUNT_PUBLISHED, jobs, [published_per_job[j] for j in jobs])
@@ -298,8 +299,7 @@ class BatchPublisher:
         if nacked:
             self.metrics.outbox_publish_failures.labels(reason="nacked").inc(nacked)
             log.warning("broker nacked %d publishes; rows stay", nacked)
-        if unroutable:
-            _count_unroutable(self.metrics, unroutable)
+        _count_unroutable(self.metrics, unroutable)
         return BatchResult(len(rows), len(sent), len(refused), lost + nacked + unroutable)
 
     async def _refuse(self, conn: Connection, refused: list[int], reasons: list[str]) -> int:
@@ -357,6 +357,8 @@ def _count_unroutable(metrics: Metrics, n: int) -> None:
     """Publishes the broker returned (312 NO_ROUTE). The exchange routes every key to our queue
     while the topology exists, so a return means the queue or its binding is gone: an outage
     (the relay replaces its connection, which declares the topology again), never a refusal."""
+    if not n:
+        return
     metrics.outbox_publish_failures.labels(reason="unroutable").inc(n)
     log.warning(
         "broker returned %d publishes as unroutable: the queue or its binding is missing; "

@@ -395,4 +395,27 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="relay-activity-not-stamped",
+        path="bulk_recorder/producer/relay_publish.py",
+        old="await stamp_published(conn)  # any row: a job's status tells a busy relay by it",
+        new="pass",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_job_stall.py::"
+            "test_a_job_behind_transaction_rows_reads_publishing_while_the_relay_publishes_them",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="relay-retries-a-topology-mismatch",
+        path="bulk_recorder/producer/relay.py",
+        old="                self._give_up(exc)\n                break\n",
+        new="                log.warning('broker refused our topology (%r)', exc)\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/integration/test_topology.py::"
+            "test_relay_with_other_queue_arguments_exits_3_naming_the_queue_and_the_mismatch",
+        ),
+    ),
 )

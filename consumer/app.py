@@ -34,6 +34,7 @@ from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
+    TopologyMismatch,
     broker_failures_suppressed,
     cancel_requested,
 )
@@ -47,7 +48,7 @@ from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, dead_letter_
 from consumer.health import HealthServer
 from consumer.publisher import Publisher
 from consumer.queue_watch import QueueWatch
-from consumer.topology import Topology, TopologyMismatch, declare_ours
+from consumer.topology import Topology, declare_or_mismatch
 from consumer.workers import Batch, FlushWorkers
 from settings import Settings
 
@@ -198,7 +199,7 @@ class Recorder(FlushWorkers):
                 connection = await self._nodes.connect()
                 consume_channel = await connection.channel(publisher_confirms=False)
                 await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
-                await declare_ours(consume_channel, self.topology)
+                await declare_or_mismatch(consume_channel, self.topology)
                 channel = await consume_channel.get_underlay_channel()
                 self._connection = connection
                 self._channel = channel

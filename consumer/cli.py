@@ -20,6 +20,7 @@ from consumer.failures import failure_line
 from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
 from consumer.runner import run_async, with_stop_signals
+from consumer.tools import outbox as outbox_tool
 from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
     "dlq": ("broker",),
     "demo": ("database", "broker"),
     "api-key": ("database",),
+    "outbox": ("database",),
 }
 # Long-running commands wait for a service that is down, but not for a certificate that their
 # settings refuse: with TLS configured, they try it once at start-up.
@@ -54,8 +56,8 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
+    from bulk_recorder.infra.broker import TopologyMismatch
     from consumer.app import Recorder
-    from consumer.topology import TopologyMismatch
 
     async def body(stop: asyncio.Event) -> int:
         try:
@@ -171,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--poll-interval", type=float, default=1.0, help="seconds between polls without NOTIFY"
     )
     api_keys.add_parser(sub)
+    outbox_tool.add_parser(sub)
     return parser
 
 
@@ -183,6 +186,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "api": cmd_api,
     "relay": cmd_relay,
     "api-key": api_keys.cmd_api_key,
+    "outbox": outbox_tool.cmd_outbox,
 }
 
 

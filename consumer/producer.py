@@ -82,10 +82,11 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
+    from bulk_recorder.infra.broker import TopologyMismatch
     from bulk_recorder.producer.relay import Relay, RelayConfig
     from consumer.health import HealthServer
     from consumer.runner import run_async, with_stop_signals
-    from consumer.topology import Topology, declare_topology
+    from consumer.topology import Topology, declare_or_mismatch
 
     try:
         config = RelayConfig(
@@ -97,7 +98,7 @@ def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
     topology = Topology.from_settings(settings)
 
     async def declare(channel: AbstractChannel) -> None:
-        await declare_topology(channel, topology)
+        await declare_or_mismatch(channel, topology)
 
     async def body(stop: asyncio.Event) -> int:
         relay = Relay(settings, config=config, declare=declare)
@@ -109,6 +110,9 @@ def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
             await health.start()
         try:
             await relay.run(stop)
+        except TopologyMismatch as exc:
+            log.error("%s", exc)
+            return 3  # as `consume`: retrying cannot help
         finally:
             if health is not None:
                 await health.stop()

@@ -14,6 +14,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from bulk_recorder.infra.broker import TopologyMismatch
 from settings import Settings
 
 
@@ -65,16 +66,9 @@ async def declare_topology(channel: AbstractChannel, topology: Topology) -> None
     await queue.bind(exchange, "#")
 
 
-class TopologyMismatch(Exception):
-    """The broker already has our queue or exchange declared with other arguments.
-
-    Retrying cannot help (the broker answers PRECONDITION_FAILED every time), so the recorder
-    stops with a message that says which settings must match.
-    """
-
-
-async def declare_ours(channel: AbstractChannel, topology: Topology) -> None:
-    """:func:`declare_topology`, with a refusal of our arguments raised as TopologyMismatch."""
+async def declare_or_mismatch(channel: AbstractChannel, topology: Topology) -> None:
+    """:func:`declare_topology`; a PRECONDITION_FAILED (the queue or an exchange exists with
+    other arguments) raises :class:`TopologyMismatch`, naming the queue and what must match."""
     try:
         await declare_topology(channel, topology)
     except aiormq.exceptions.ChannelPreconditionFailed as exc:

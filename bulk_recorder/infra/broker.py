@@ -36,6 +36,15 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class TopologyMismatch(Exception):
+    """The broker already has our queue or an exchange declared with other arguments.
+
+    Retrying cannot help (the broker answers PRECONDITION_FAILED every time): ``consume`` and
+    ``relay`` stop with exit code 3 and a message that says which settings must match. Not one
+    of :data:`BROKER_ERRORS`, on purpose.
+    """
+
+
 def cancel_requested() -> bool:
     """True when the running task was asked to stop (``Task.cancel()``: shutdown, a caller).
 

@@ -143,8 +143,8 @@ class Metrics:
         )
         self.outbox_publish_failures = Counter(
             p + "outbox_publish_failures",
-            "Publishes without a confirm (refused by the broker, nacked by it, or lost with the "
-            "connection or to a timeout); "
+            "Publishes without a confirm (refused by the broker, nacked by it, returned as "
+            "unroutable, or lost with the connection or to a timeout); "
             "their rows stay in the outbox.",
             ["reason"],
             registry=r,

@@ -6,18 +6,20 @@ The relay, in each of its lanes, repeats one database transaction:
    lanes and several relay processes take disjoint batches),
 2. publish them all at once on a confirm channel (the whole batch in flight, never one confirm
    awaited after another) with the message properties of DESIGN.md section 4 and
-   ``mandatory`` set, so that an unroutable message counts as refused, not as sent,
+   ``mandatory`` set, so that an unroutable message is never counted as sent,
 3. delete the rows the broker confirmed and add them to their jobs' ``published`` count; a
-   refused row (returned as unroutable, or its lone publish closed the channel) gets a later
-   ``available_at`` and is parked after ``max_attempts`` refusals; a row that was nacked, or
-   that was in flight when the connection died or its confirm timed out, is left untouched (an
-   outage is not bad data),
+   refused row (its lone publish closed the channel) gets a later ``available_at`` and is
+   parked after ``max_attempts`` refusals; a row that was nacked, returned as unroutable, or
+   in flight when the connection died or its confirm timed out, is left untouched (an outage
+   is not bad data),
 4. commit.
 
 A nack or a lost confirm on a channel that is still open is an outage of the broker (a quorum
-queue without a leader or a majority, a queue full with ``reject-publish``): the lane asks the
-broker loop to replace the connection and channel (the next connect tries the next node of a
-cluster) and backs off, doubling with every batch that fails so in a row.
+queue without a leader or a majority, a queue full with ``reject-publish``), and so is a return:
+the exchange routes every key to our queue, so a return says the queue or its binding is gone.
+The lane asks the broker loop to replace the connection and channel (the next connect tries the
+next node of a cluster, and declares the topology again) and backs off, doubling with every
+batch that fails so in a row.
 
 A row can also make the broker close the channel (``406 PRECONDITION_FAILED``, e.g. a body over
 its ``max_message_size``): that fails every publish in flight on the channel, so the culprit is
@@ -42,7 +44,6 @@ heartbeat): only a cancellation of the task itself (a shutdown) ends it. A task 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -51,17 +52,17 @@ import aio_pika
 import asyncpg
 from aiormq.abc import AbstractChannel
 
-from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
+    TopologyMismatch,
     cancel_requested,
 )
 from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready, wait_any, wait_or_stop
 from bulk_recorder.infra.errors import renew_if_server_gone
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.producer.outbox import OUTBOX_CHANNEL, outbox_stats, record_stats
+from bulk_recorder.producer.outbox import listen, outbox_stats, record_stats
 from bulk_recorder.producer.relay_publish import (
     BatchPublisher,
     BatchResult,
@@ -83,8 +84,11 @@ class Relay:
 
     ``declare`` is called with a fresh channel after every (re)connect, before the first
     publish: the service passes its topology declaration so that messages are routable even
-    before a recorder ever ran. Publishes are ``mandatory``: without a bound queue the broker
-    returns them and the rows stay (refused, retried later), they are never dropped.
+    before a recorder ever ran, and again after a return (the queue was deleted). Publishes are
+    ``mandatory``: without a bound queue the broker returns them and the rows stay untouched
+    (an outage, retried after a backoff), they are never dropped nor parked for it. A
+    ``declare`` that raises :class:`TopologyMismatch` (our queue exists with other arguments)
+    stops the relay: retrying cannot help, and ``run`` raises it after an orderly stop.
     """
 
     def __init__(
@@ -111,6 +115,8 @@ class Relay:
         self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
         self._batches = BatchPublisher(self.config, self.metrics, self.exchange)
         self._failed_rounds = 0  # batches in a row with a nack or a lost confirm
+        self._stopping: asyncio.Event | None = None  # run's stop, set on a topology mismatch
+        self._mismatch: TopologyMismatch | None = None
 
     # -- readiness --------------------------------------------------------------------------
 
@@ -140,6 +146,7 @@ class Relay:
             s.rabbitmq_exchange,
         )
         halt = self._halt
+        self._stopping = stop
         self.metrics.outbox_last_publish.set_to_current_time()  # "never" reads as "since start"
         try:
             if not await self._connect_database(stop):
@@ -148,7 +155,7 @@ class Relay:
                 self._tasks,
                 {
                     "relay-broker": partial(self._broker_loop, halt),
-                    "relay-listen": partial(self._listen_loop, halt),
+                    "relay-listen": partial(listen, self.settings.database_url, self.wake, halt),
                     "relay-stats": partial(self._stats_loop, halt),
                     **{f"relay-lane-{i}": partial(self._lane, i, stop) for i in range(c.lanes)},
                 },
@@ -179,6 +186,8 @@ class Relay:
                 except TimeoutError:
                     self._pool.terminate()
             log.info("relay stopped")
+        if self._mismatch is not None:
+            raise self._mismatch
 
     def _lane_tasks(self) -> list[asyncio.Task[None]]:
         return [t for name, t in self._tasks.items() if name.startswith("relay-lane-")]
@@ -210,6 +219,9 @@ class Relay:
                 log.info("relay connected to the broker; publishing to %s", self.exchange)
                 self.wake()
                 attempt = await self._hold(connection, underlay, stop)
+            except TopologyMismatch as exc:
+                self._give_up(exc)
+                break
             except BROKER_ERRORS as exc:
                 log.warning(
                     "broker at %s not reachable (%r); rows wait in the outbox",
@@ -235,6 +247,12 @@ class Relay:
             await wait_or_stop(stop, backoff.delay(attempt))
             attempt += 1
 
+    def _give_up(self, mismatch: TopologyMismatch) -> None:
+        """The broker refuses our topology: stop the relay; ``run`` raises ``mismatch``."""
+        self._mismatch = mismatch
+        if self._stopping is not None:
+            self._stopping.set()
+
     async def _hold(
         self,
         connection: aio_pika.abc.AbstractConnection,
@@ -259,51 +277,12 @@ class Relay:
             return 0
         if self._replace.is_set() and not underlay.is_closed:
             log.warning(
-                "replacing the broker connection and channel after a nack or a lost "
-                "confirm; rows wait in the outbox"
+                "replacing the broker connection and channel after a nack, a return or a "
+                "lost confirm; rows wait in the outbox"
             )
             return self._failed_rounds
         log.warning("relay lost the broker connection; rows wait in the outbox")
         return 0
-
-    async def _listen_loop(self, stop: asyncio.Event) -> None:
-        """LISTEN on its own connection; reconnect when it drops (the poll covers the gap)."""
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        while not stop.is_set():
-            conn: asyncpg.Connection | None = None
-            lost = asyncio.Event()
-            try:
-                conn = await pg_hosts.connect(self.settings.database_url)
-                conn.add_termination_listener(_setter(lost))
-                await conn.add_listener(OUTBOX_CHANNEL, lambda *_args: self.wake())
-                attempt = 0
-                self.wake()  # rows may have arrived while we were not listening
-                stopped = asyncio.ensure_future(stop.wait())
-                gone = asyncio.ensure_future(lost.wait())
-                try:
-                    await asyncio.wait({stopped, gone}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stopped.cancel()
-                    gone.cancel()
-            except DB_ERRORS as exc:
-                log.warning("outbox listener connection failed (%r); polling meanwhile", exc)
-            except asyncio.CancelledError:
-                if cancel_requested():
-                    raise
-                log.warning("outbox listener cancelled under us; polling meanwhile")
-            except Exception:  # the listener is an optimisation: never let it die silently
-                log.exception("outbox listener failed unexpectedly; polling meanwhile")
-            finally:
-                if conn is not None and not conn.is_closed():
-                    with contextlib.suppress(*DB_ERRORS):
-                        await asyncio.wait_for(conn.close(), 5)
-                    if not conn.is_closed():
-                        conn.terminate()
-            if stop.is_set():
-                break
-            await wait_or_stop(stop, backoff.delay(attempt))
-            attempt += 1
 
     async def _stats_loop(self, stop: asyncio.Event) -> None:
         assert self._pool is not None
@@ -356,9 +335,10 @@ class Relay:
             self._db_ok = True
             db_failures = 0
             if result.lost:
-                # A nack, a confirm that timed out, or a channel that went away mid-batch: an
-                # outage of the broker. The channel is replaced (if the broker loop has not
-                # noticed already) and this lane backs off, longer with each such batch in a row.
+                # A nack, a return, a confirm that timed out, or a channel that went away
+                # mid-batch: an outage of the broker. The channel is replaced (if the broker
+                # loop has not noticed already; the reconnect declares the topology again) and
+                # this lane backs off, longer with each such batch in a row.
                 self._failed_rounds += 1
                 if self._channel is channel:
                     self._channel = None
@@ -381,10 +361,3 @@ class Relay:
             return BatchResult(0, 0, 0, 0)
         async with self._pool.acquire() as conn, conn.transaction():
             return await self._batches.relay(conn, channel)
-
-
-def _setter(event: asyncio.Event) -> Callable[[object], None]:
-    def set_event(_: object) -> None:
-        event.set()
-
-    return set_event

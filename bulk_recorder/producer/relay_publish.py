@@ -10,7 +10,6 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import aio_pika
 import aiormq
@@ -23,7 +22,7 @@ from bulk_recorder.infra.broker import (
     cancel_requested,
 )
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.producer.outbox import Connection
+from bulk_recorder.producer.outbox import Connection, stamp_published
 
 log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried
 
@@ -102,8 +101,8 @@ class RelayConfig:
 class BatchResult:
     claimed: int
     published: int
-    refused: int  # returned, or its lone publish made the broker close the channel
-    lost: int  # no confirm (the connection or channel went away, or it timed out), or nacked
+    refused: int  # its lone publish made the broker close the channel
+    lost: int  # no confirm (connection or channel gone, or timed out), nacked, or returned
 
 
 class BatchPublisher:
@@ -158,9 +157,7 @@ class BatchPublisher:
                     if channel is None or channel.is_closed:
                         channel = await _open_channel(connection)
                     await self._publish(channel, row["record_type"], row["body"])
-                except aiormq.exceptions.PublishError as exc:  # returned: unroutable
-                    outcomes[row["id"]] = exc
-                except aiormq.exceptions.DeliveryError as exc:  # nacked: the broker's outage
+                except aiormq.exceptions.DeliveryError as exc:  # nacked or returned: an outage
                     failure = exc
                     break
                 except aiormq.exceptions.ChannelPreconditionFailed as exc:
@@ -255,6 +252,7 @@ class BatchPublisher:
         reasons: list[str] = []  # each refused row's own reason, kept in its last_error
         lost = 0
         nacked = 0
+        unroutable = 0
         published_per_job: Counter[str] = Counter()
         lost_error = ""
         for row, outcome in zip(rows, outcomes, strict=True):
@@ -262,9 +260,11 @@ class BatchPublisher:
                 sent.append(row["id"])
                 if row["job_id"] is not None:
                     published_per_job[str(row["job_id"])] += 1
-            elif isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal):
+            elif isinstance(outcome, ChannelRefusal):
                 refused.append(row["id"])
-                reasons.append(_refusal_reason(outcome)[:500])
+                reasons.append(f"closed the channel: {outcome}"[:500])
+            elif isinstance(outcome, aiormq.exceptions.PublishError):
+                unroutable += 1  # our queue or its binding is gone: not the row's fault
             elif isinstance(outcome, aiormq.exceptions.DeliveryError):
                 nacked += 1  # the broker could not take it now: not the row's fault
             elif isinstance(outcome, asyncio.CancelledError) and cancel_requested():
@@ -277,6 +277,7 @@ class BatchPublisher:
                 lost_error = lost_error or f"{type(outcome).__name__}: {outcome}"
         if sent:
             await conn.execute(_DELETE_SENT, sent)
+            await stamp_published(conn)  # any row: a job's status tells a busy relay by it
             if published_per_job:
                 jobs = sorted(published_per_job)  # one lock order for every lane and relay
                 await conn.execute(_COUNT_PUBLISHED, jobs, [published_per_job[j] for j in jobs])
@@ -298,7 +299,8 @@ class BatchPublisher:
         if nacked:
             self.metrics.outbox_publish_failures.labels(reason="nacked").inc(nacked)
             log.warning("broker nacked %d publishes; rows stay", nacked)
-        return BatchResult(len(rows), len(sent), len(refused), lost + nacked)
+        _count_unroutable(self.metrics, unroutable)
+        return BatchResult(len(rows), len(sent), len(refused), lost + nacked + unroutable)
 
     async def _refuse(self, conn: Connection, refused: list[int], reasons: list[str]) -> int:
         """Retry the refused rows later, parking those out of attempts; how many were parked."""
@@ -348,11 +350,18 @@ def _closed_by_broker(outcome: BaseException | None) -> bool:
 
 
 def _settled(outcome: BaseException | None) -> bool:
-    return outcome is None or isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal)
+    return outcome is None or isinstance(outcome, ChannelRefusal)
 
 
-def _refusal_reason(exc: aiormq.exceptions.PublishError | ChannelRefusal) -> str:
-    if isinstance(exc, ChannelRefusal):
-        return f"closed the channel: {exc}"
-    frame: Any = exc.frame
-    return f"returned: {getattr(frame, 'reply_code', '?')} {getattr(frame, 'reply_text', '')}"
+def _count_unroutable(metrics: Metrics, n: int) -> None:
+    """Publishes the broker returned (312 NO_ROUTE). The exchange routes every key to our queue
+    while the topology exists, so a return means the queue or its binding is gone: an outage
+    (the relay replaces its connection, which declares the topology again), never a refusal."""
+    if not n:
+        return
+    metrics.outbox_publish_failures.labels(reason="unroutable").inc(n)
+    log.warning(
+        "broker returned %d publishes as unroutable: the queue or its binding is missing; "
+        "declaring the topology again, rows stay",
+        n,
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -154,3 +155,60 @@ async def test_relay_stopped_mid_job_shows_unsent_rows_their_age_then_stalled_th
         await wait_for(lambda: status_where(lambda s: s["status"] == "completed"), timeout=90)
     assert (status["unsent"], status["recorded"], status["progress"]) == (0, LINES, 1.0), status
     assert status["oldest_unsent_age_s"] is None, status
+
+
+TRANSACTION_ROWS = 10_000
+BUSY_STALL_AFTER_S = 2.0
+
+
+async def test_a_job_behind_transaction_rows_reads_publishing_while_the_relay_publishes_them(
+    make_settings, database_url, db, broker
+) -> None:
+    """Issue 18 item 5: stall means "the relay published nothing recently", whatever the row.
+
+    A relay slowed to batches of 5 on one lane drains 10,000 transaction rows that were queued
+    before a job; the job's own rows wait their turn. Past API_JOB_STALL_AFTER_S, with the
+    relay still publishing the transaction rows, the job must read ``publishing``: it used to
+    read ``stalled``, the relay's activity being taken from jobs' last publish only.
+    """
+    from bulk_recorder.infra.migrate import migrate
+    from bulk_recorder.producer.outbox import copy_to_outbox, notify
+    from bulk_recorder.producer.relay import RelayConfig
+    from tests.integration.producer_support import api_client, running_relay
+
+    settings = make_settings(api_job_stall_after_s=BUSY_STALL_AFTER_S)
+    await migrate(database_url)
+    conn = await db()
+    gen = Generator.create(1805)
+    rows = []
+    for _ in range(TRANSACTION_ROWS):
+        record = gen.transaction()
+        rows.append(("transaction", record["id"], None, json.dumps(record).encode()))
+    async with conn.transaction():
+        await copy_to_outbox(conn, rows)
+        await notify(conn)
+    lines = [gen.credit_annotation() for _ in range(10)]
+    config = RelayConfig(batch_size=5, lanes=1, poll_interval_s=0.2)
+    async with api_client(settings) as (client, _):
+        posted = await client.post(
+            "/v1/credit-annotation-jobs",
+            content=ndjson(lines),
+            headers={"content-type": "application/x-ndjson"},
+        )
+        assert posted.status_code == 202, posted.text
+        url = posted.json()["status_url"]
+        async with running_relay(settings, config) as relay:
+            seen: list[str] = []
+
+            async def past_the_stall_time() -> bool:
+                status = (await client.get(url)).json()
+                assert status["published"] == 0, (
+                    "the relay reached the job's rows before the stall time: not shown"
+                )
+                seen.append(status["status"])
+                return bool(status["oldest_unsent_age_s"] >= 1.5 * BUSY_STALL_AFTER_S)
+
+            await wait_for(past_the_stall_time, timeout=60, interval=0.2)
+            assert 0 < relay.published < TRANSACTION_ROWS, relay.published  # still draining
+            assert seen[-1] == "publishing", seen
+            assert "stalled" not in seen, seen

@@ -2,7 +2,7 @@
 
 Atomicity (a failure between the work and the outbox row leaves neither), a job end to end
 (API -> outbox -> relay -> queue -> recorder -> rows), broker outage, relay crash and kill,
-several relays at once, refused (unroutable) messages parked and counted.
+several relays at once. Unroutable returns: tests/faults/test_relay_unroutable.py.
 """
 
 from __future__ import annotations
@@ -416,43 +416,3 @@ async def test_several_relays_publish_each_row_once(make_settings, start_recorde
     assert recorder.value("bulk_recorder_rows_ignored_total", table="credit_annotations") == 0
     conn = await db()
     assert await count(conn, "credit_annotations") == 3000
-
-
-async def test_unroutable_rows_are_retried_then_parked_and_counted(
-    make_settings, services, db
-) -> None:
-    """With no queue bound the broker returns the message: the row is never counted as sent."""
-    settings = make_settings()
-    lonely = settings.rabbitmq_exchange + ".unbound"
-    relay_settings = settings.model_copy(update={"rabbitmq_exchange": lonely})
-
-    async def declare_exchange_only(channel) -> None:
-        await channel.declare_exchange(lonely, aio_pika.ExchangeType.TOPIC, auto_delete=False)
-
-    gen = Generator.create(10)
-    try:
-        async with api_client(settings) as (client, _):
-            job = await post_job(client, [gen.credit_annotation() for _ in range(5)])
-            config = RelayConfig(batch_size=10, lanes=1, poll_interval_s=0.2, max_attempts=2)
-            async with running_relay(relay_settings, config, declare=declare_exchange_only) as r:
-                await wait_for(
-                    lambda: r.value("bulk_recorder_outbox_parked_total") == 5, timeout=30
-                )
-                assert r.published == 0
-                assert (
-                    r.value("bulk_recorder_outbox_publish_failures_total", reason="refused") == 10
-                )
-            conn = await db()
-            rows = await conn.fetch("SELECT attempts, parked_at, last_error FROM outbox")
-            assert len(rows) == 5
-            assert all(r["attempts"] == 2 and r["parked_at"] is not None for r in rows)
-            assert rows[0]["last_error"].startswith("returned: 312 NO_ROUTE")
-            status = (await client.get(job["status_url"])).json()
-            assert status["dead_lettered"] == 5
-            assert status["published"] == 0
-            assert status["status"] == "completed"
-    finally:
-        connection = await aio_pika.connect(services.rabbitmq_url)
-        async with connection:
-            channel = await connection.channel()
-            await channel.exchange_delete(lonely)

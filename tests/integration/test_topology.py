@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import uuid
 
 import aio_pika
@@ -57,3 +59,39 @@ async def test_delete_topology_removes_all_four_even_with_a_backlog_and_a_missin
     finally:
         await delete_topology(connection, topo)
         await connection.close()
+
+
+@pytest.mark.postgres
+async def test_relay_with_other_queue_arguments_exits_3_naming_the_queue_and_the_mismatch(
+    make_settings, broker, database_url
+) -> None:
+    """Issue 18 item 6: the relay used to log "not reachable" and retry for ever (readiness
+    "broker down"); like ``consume``, a queue with other arguments is exit 3 and one line."""
+    from bulk_recorder.infra.migrate import migrate
+    from tests.conftest import settings_env
+
+    await migrate(database_url)
+    # the broker fixture declared the queue with delivery limit 5; ask for 7
+    settings = make_settings(rabbitmq_delivery_limit=7)
+    env = settings_env(settings, METRICS_PORT="0")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "consumer.cli",
+        "relay",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:  # never leave a looping relay behind if the test fails
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = err.decode()
+    assert proc.returncode == 3, text
+    assert "not reachable" not in text, text
+    [line] = [line for line in text.splitlines() if "PRECONDITION_FAILED" in line]
+    assert settings.rabbitmq_queue in line
+    assert "RABBITMQ_DELIVERY_LIMIT" in line

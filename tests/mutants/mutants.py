@@ -358,7 +358,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="publisher-nack-as-refusal",
         path="bulk_recorder/producer/relay_publish.py",
-        old="elif isinstance(outcome, aiormq.exceptions.PublishError | ChannelRefusal):",
+        old="elif isinstance(outcome, ChannelRefusal):",
         new="elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):",
         promise=NODE_LOSS,
         tests=(
@@ -454,6 +454,53 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/faults/test_queue_deleted.py::"
             "test_the_recorder_declares_its_deleted_queue_again_with_the_contract_arguments",
+        ),
+    ),
+    Mutant(
+        name="unroutable-return-as-refusal",
+        path="bulk_recorder/producer/relay_publish.py",
+        old="unroutable += 1  # our queue or its binding is gone: not the row's fault",
+        new='refused.append(row["id"])\n                reasons.append("returned")',
+        promise=PRODUCER,
+        tests=(
+            "tests/faults/test_relay_unroutable.py::"
+            "test_a_deleted_queue_is_redeclared_by_the_relay_and_no_row_is_charged_or_parked",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="unpark-keeps-the-job-counts",
+        path="consumer/tools/outbox.py",
+        old="await conn.execute(_UNCOUNT, jobs, [done.per_job[j] for j in jobs])",
+        new="pass",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_outbox_unpark.py::"
+            "test_outbox_unpark_puts_parked_rows_back_and_keeps_job_counts_right",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="relay-activity-not-stamped",
+        path="bulk_recorder/producer/relay_publish.py",
+        old="await stamp_published(conn)  # any row: a job's status tells a busy relay by it",
+        new="pass",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_job_stall.py::"
+            "test_a_job_behind_transaction_rows_reads_publishing_while_the_relay_publishes_them",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="relay-retries-a-topology-mismatch",
+        path="bulk_recorder/producer/relay.py",
+        old="                self._give_up(exc)\n                break\n",
+        new="                log.warning('broker refused our topology (%r)', exc)\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/integration/test_topology.py::"
+            "test_relay_with_other_queue_arguments_exits_3_naming_the_queue_and_the_mismatch",
         ),
     ),
 )

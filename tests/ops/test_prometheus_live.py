@@ -376,22 +376,23 @@ async def _load(
     await stack.until(
         "the relay publishes the API's 11 rows", lambda: _at_least(prom, published, 11)
     )
-    # A real refusal: with no queue bound, the broker returns the relay's mandatory publish.
+    # A real failed publish: with no queue bound, the broker returns the relay's mandatory
+    # publish (an outage: the relay declares the topology again, which binds the queue).
     queue = await broker.channel.declare_queue(broker.topology.queue, passive=True)
     await queue.unbind(broker.topology.exchange, "#")
     try:
-        refused = await http.post(f"{api}/v1/transactions", json=_transaction())
-        assert refused.status_code == 202, refused.text
+        returned = await http.post(f"{api}/v1/transactions", json=_transaction())
+        assert returned.status_code == 202, returned.text
         await stack.until(
-            "Prometheus sees the relay's refused publish",
+            "Prometheus sees the relay's returned publish",
             lambda: prom.has_series(
-                'bulk_recorder_outbox_publish_failures_total{job="relay", reason="refused"}'
+                'bulk_recorder_outbox_publish_failures_total{job="relay", reason="unroutable"}'
             ),
         )
     finally:
         await queue.bind(broker.topology.exchange, "#")
     await stack.until(
-        "the relay publishes the refused row once the queue is bound again",
+        "the relay publishes the returned row once the queue is bound again",
         lambda: _at_least(prom, published, 12),
     )
     await stack.until(

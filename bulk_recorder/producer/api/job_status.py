@@ -8,11 +8,11 @@ oldest of them is as old as the job. Ages are measured by PostgreSQL's clock, th
 stamped the rows, so a skewed API host cannot make a job look stalled.
 
 A job is ``stalled`` while rows are unsent and, for ``API_JOB_STALL_AFTER_S``, the relays have
-published none of its rows (counted from its last publish, or from its acceptance) and none of
-any other job's: no relay runs, or none can reach the broker. The second condition keeps a job
-that waits its turn behind a larger one (the relay claims rows in outbox order) from reading
-``stalled`` while the relay is busy with that one. It goes back to ``publishing`` as soon as a
-relay publishes a job's row again.
+published none of its rows (counted from its last publish, or from its acceptance) and no row
+at all, a transaction or another job's line (``outbox_relay_activity``): no relay runs, or none
+can reach the broker. The second condition keeps a job that waits its turn behind other rows
+(the relay claims rows in outbox order) from reading ``stalled`` while the relay is busy with
+them. It goes back to ``publishing`` as soon as a relay publishes a row again.
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ __all__ = ["JOB_BY_ID", "JobState", "JobStatus", "job_status"]
 JobState = Literal["publishing", "stalled", "recording", "completed"]
 
 # The job row, with its age, the time since the relay last published one of its rows, and the
-# time since it last published any job's row (an index scan: see 004_job_last_published.sql).
+# time since it last published any row (006_outbox_relay_activity.sql; the jobs' latest, an
+# index scan, also counts: see 004_job_last_published.sql).
 JOB_BY_ID = """
 SELECT *,
        extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_s,
        extract(epoch FROM clock_timestamp() - coalesce(last_published_at, created_at))::float8
            AS quiet_s,
        extract(epoch FROM clock_timestamp()
-                          - (SELECT max(last_published_at) FROM credit_annotation_jobs))::float8
-           AS relay_quiet_s
+                          - greatest((SELECT last_published_at FROM outbox_relay_activity),
+                                     (SELECT max(last_published_at) FROM credit_annotation_jobs))
+               )::float8 AS relay_quiet_s
 FROM credit_annotation_jobs WHERE id = $1
 """
 
@@ -44,8 +46,9 @@ class JobStatus(BaseModel):
     id: str
     status: JobState = Field(
         description="publishing: rows still in the outbox, the relay publishing them; stalled: "
-        "rows still in the outbox and none of the job's rows published for "
-        "API_JOB_STALL_AFTER_S (no relay runs, or it cannot publish); recording: all "
+        "rows still in the outbox and nothing published for API_JOB_STALL_AFTER_S, neither "
+        "the job's rows nor any other outbox row (no relay runs, or it cannot publish); "
+        "recording: all "
         "published, not all recorded yet; completed: recorded + dead_lettered == accepted."
     )
     accepted: int
@@ -113,6 +116,6 @@ def job_status(
 
 
 def _relay_quiet(row: Any, stall_after_s: float) -> bool:
-    """No job's row was published for ``stall_after_s`` (or none ever was)."""
+    """No outbox row was published for ``stall_after_s`` (or none ever was)."""
     quiet = row["relay_quiet_s"]
     return quiet is None or float(quiet) >= stall_after_s

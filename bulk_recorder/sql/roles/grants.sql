@@ -55,19 +55,22 @@ BEGIN
                    app, recorder);
 
     -- relay: claim (FOR UPDATE), delete what the broker confirmed, mark what it refused,
-    -- and count a job's published and parked rows, with the time of its last publish
+    -- and count a job's published and parked rows, with the time of its last publish (and of
+    -- its last publish of any row)
     EXECUTE format('GRANT SELECT, DELETE, UPDATE (attempts, last_error, available_at, parked_at)'
                    ' ON %s.outbox TO %I', app, relay);
     EXECUTE format('GRANT SELECT, UPDATE (published, dead_lettered, last_published_at)'
                    ' ON %s.credit_annotation_jobs TO %I', app, relay);
+    EXECUTE format('GRANT SELECT, UPDATE (last_published_at) ON %s.outbox_relay_activity TO %I',
+                   app, relay);
 
     -- api: requests and jobs with their outbox rows; a job's progress reads the records
     EXECUTE format('GRANT SELECT, INSERT ON %1$s.transaction_requests, %1$s.outbox TO %2$I',
                    app, api);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE (recorded, completed_at)'
                    ' ON %s.credit_annotation_jobs TO %I', app, api);
-    EXECUTE format('GRANT SELECT ON %1$s.credit_annotations, %1$s.credit_annotation_job_repeats'
-                   ' TO %2$I', app, api);
+    EXECUTE format('GRANT SELECT ON %1$s.credit_annotations, %1$s.credit_annotation_job_repeats,'
+                   ' %1$s.outbox_relay_activity TO %2$I', app, api);
     -- api: check each request's key (the keys are made and revoked by the owner's CLI)
     EXECUTE format('GRANT SELECT ON %s.api_keys TO %I', app, api);
 END

@@ -189,6 +189,12 @@ async def publish_batch(
     publisher confirms on. A body is cut into content frames as basic_publish cuts it (of the
     channel's ``max_content_size``, frame_max less 8 bytes): any body basic_publish can send,
     this can.
+
+    It waits for the channel's lock and for room in the connection's write queue: bound it
+    (``asyncio.timeout``); cancelled while it waits, it has written nothing and given the
+    delivery tags back. The queue is bounded and only the connection's writer empties it: a
+    writer that waits for a socket the network holds lets it fill, and a connection that dies
+    then never empties it (:func:`unblock_writers`), so an unbounded wait can last for ever.
     """
     if not isinstance(channel, aiormq.Channel):
         raise TypeError(f"publish_batch needs an aiormq.Channel, not {type(channel)}")
@@ -211,8 +217,8 @@ async def publish_batch(
             frames.extend(_content_frames(body, channel.max_content_size))
         try:
             await channel.connection.write_queue.put(ChannelFrame.marshall(channel.number, frames))
-        except BaseException:  # not written (cancelled while the queue was full): as
-            # basic_publish does, give the sequence numbers back so the next publish's match
+        except BaseException:  # not written (cancelled or timed out while the queue was full):
+            # as basic_publish does, give the sequence numbers back so the next publish's match
             for tag in range(channel.delivery_tag - len(futures) + 1, channel.delivery_tag + 1):
                 channel.confirmations.pop(tag, None)
             channel.delivery_tag -= len(futures)

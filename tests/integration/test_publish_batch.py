@@ -107,6 +107,7 @@ async def test_bodies_of_a_frame_and_more_are_confirmed_and_arrive_byte_for_byte
         try:
             publisher = await connection.channel(publisher_confirms=True)
             raw = await publisher.get_underlay_channel()
+            assert isinstance(raw, aiormq.Channel)
             frame = raw.max_content_size  # frame_max less a content frame's 8 bytes
             assert raw.connection.connection_tune.frame_max == frame + 8
             sizes = [10, frame - 1, frame, frame + 1, 3 * frame + 5, 0, 1_048_576, 7]

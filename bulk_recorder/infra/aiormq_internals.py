@@ -10,9 +10,10 @@ The recorder's lean path writes past aiormq's public API in two places, and only
   for room in it wake up;
 - :func:`close_connection` puts a write mark on the connection's ``write_queue`` at the end of
   an orderly stop and closes the connection once the frames before it are written;
-- :func:`publish_batch` (the load generator's) marshals a batch of publishes into one buffer
-  on the ``write_queue`` and registers their confirmations in the channel's ``confirmations``
-  map under the channel's ``delivery_tag`` sequence, as aiormq's basic_publish does one by one.
+- :func:`publish_batch` (the relay's and the load generator's) marshals a batch of publishes
+  into one buffer on the ``write_queue`` and registers their confirmations in the channel's
+  ``confirmations`` map under the channel's ``delivery_tag`` sequence, as aiormq's
+  basic_publish does one by one.
 
 aiormq and pamqp are held to a minor version in pyproject.toml for these reasons. The layout
 test (tests/unit/test_layout.py) fails if another module names these private attributes.
@@ -167,7 +168,7 @@ async def close_connection(connection: aio_pika.abc.AbstractConnection, within_s
     await asyncio.wait_for(connection.close(), within_s)
 
 
-# -- the load generator's batched publishes --------------------------------------------------
+# -- batched publishes (the relay, the load generator) -------------------------------------
 
 
 async def publish_batch(
@@ -185,12 +186,18 @@ async def publish_batch(
 
     basic_publish writes each message on its own: a socket write, a lock, a timeout scope and
     two futures a message, the larger part of a publisher's CPU. The channel must have
-    publisher confirms on; bodies must fit one frame.
+    publisher confirms on. A body is cut into content frames as basic_publish cuts it (of the
+    channel's ``max_content_size``, frame_max less 8 bytes): any body basic_publish can send,
+    this can.
+
+    It waits for the channel's lock and for room in the connection's write queue: bound it
+    (``asyncio.timeout``); cancelled while it waits, it has written nothing and given the
+    delivery tags back. The queue is bounded and only the connection's writer empties it: a
+    writer that waits for a socket the network holds lets it fill, and a connection that dies
+    then never empties it (:func:`unblock_writers`), so an unbounded wait can last for ever.
     """
     if not isinstance(channel, aiormq.Channel):
         raise TypeError(f"publish_batch needs an aiormq.Channel, not {type(channel)}")
-    if any(len(body) >= channel.max_content_size for _, _, _, body in messages):
-        raise ValueError("publish_batch: a body larger than one frame")
     frames: list[spec.Basic.Publish | ContentHeader | ContentBody] = []
     futures: list[asyncio.Future[ConfirmationFrameType]] = []
     # The channel's own lock, as basic_publish takes it: delivery tags are numbered in the
@@ -207,11 +214,11 @@ async def publish_batch(
                 spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory)
             )
             frames.append(ContentHeader(properties=properties, body_size=len(body)))
-            frames.append(ContentBody(body))
+            frames.extend(_content_frames(body, channel.max_content_size))
         try:
             await channel.connection.write_queue.put(ChannelFrame.marshall(channel.number, frames))
-        except BaseException:  # not written (cancelled while the queue was full): as
-            # basic_publish does, give the sequence numbers back so the next publish's match
+        except BaseException:  # not written (cancelled or timed out while the queue was full):
+            # as basic_publish does, give the sequence numbers back so the next publish's match
             for tag in range(channel.delivery_tag - len(futures) + 1, channel.delivery_tag + 1):
                 channel.confirmations.pop(tag, None)
             channel.delivery_tag -= len(futures)
@@ -219,6 +226,13 @@ async def publish_batch(
                 future.cancel()
             raise
     return futures
+
+
+def _content_frames(body: bytes, size: int) -> list[ContentBody]:
+    """The body frames of one message: none for an empty body, else slices of ``size`` bytes
+    (what aiormq's ``Channel._split_body`` makes; a frame holds frame_max less 8 bytes)."""
+    view = memoryview(body)
+    return [ContentBody(bytes(view[start : start + size])) for start in range(0, len(body), size)]
 
 
 def _match_returns(

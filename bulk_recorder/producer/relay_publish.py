@@ -86,7 +86,7 @@ class RelayConfig:
     batch_size: int = 500  # rows claimed, published and deleted per database transaction
     lanes: int = 2  # concurrent batches in one relay (one DB connection each)
     poll_interval_s: float = 1.0  # fallback when no notification arrives
-    publish_timeout_s: float = 30.0  # a confirm slower than this counts as an outage
+    publish_timeout_s: float = 30.0  # room to write, or a confirm, slower: an outage
     max_attempts: int = 10  # broker refusals before a row is parked
     stats_interval_s: float = 2.0  # how often backlog and oldest age are refreshed
 
@@ -155,7 +155,7 @@ class BatchPublisher:
             for row in rows:
                 try:
                     if channel is None or channel.is_closed:
-                        channel = await _open_channel(connection)
+                        channel = await _open_channel(connection, self.config.publish_timeout_s)
                     await self._publish(channel, row["record_type"], row["body"])
                 except aiormq.exceptions.DeliveryError as exc:  # nacked or returned: an outage
                     failure = exc
@@ -205,9 +205,13 @@ class BatchPublisher:
             for row in rows
         ]
         try:
-            futures = await publish_batch(channel, messages, mandatory=True)
+            # Bounded: a connection that dies while its write queue is full never makes room.
+            async with asyncio.timeout(self.config.publish_timeout_s):
+                futures = await publish_batch(channel, messages, mandatory=True)
         except asyncio.CancelledError:
             raise
+        except TimeoutError:  # nothing written: the rows stay, the connection is replaced
+            return [TimeoutError("no room in the connection's write queue in time")] * len(rows)
         except Exception as exc:  # the channel or connection went away before the write
             return [exc] * len(rows)
         done, _ = await asyncio.wait(futures, timeout=self.config.publish_timeout_s)
@@ -337,9 +341,13 @@ class _ChannelOpenFailed(Exception):
     """Opening a channel failed: not the fault of the row about to be published on it."""
 
 
-async def _open_channel(connection: aiormq.abc.AbstractConnection) -> AbstractChannel:
+async def _open_channel(
+    connection: aiormq.abc.AbstractConnection, within_s: float
+) -> AbstractChannel:
+    # Bounded: the Channel.Open waits for room in the connection's write queue, which a
+    # connection that died with it full never makes (see publish_batch).
     try:
-        return await connection.channel(publisher_confirms=True)
+        return await connection.channel(publisher_confirms=True, timeout=within_s)
     except Exception as exc:
         raise _ChannelOpenFailed(repr(exc)) from exc
 

@@ -94,3 +94,43 @@ async def test_nacked_publishes_fail_the_load(
         assert declared.declaration_result.message_count == 5
     finally:
         await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_bodies_of_a_frame_and_more_are_confirmed_and_arrive_byte_for_byte(
+    services: Services, channel: aio_pika.abc.AbstractChannel
+) -> None:
+    """A body as large as a frame or larger goes out in frames of ``frame_max - 8`` bytes, as
+    aiormq's basic_publish writes it, between bodies of one frame, in one batch."""
+    exchange, queue = await _queue(channel)
+    try:
+        connection = await aio_pika.connect(services.rabbitmq_url)
+        try:
+            publisher = await connection.channel(publisher_confirms=True)
+            raw = await publisher.get_underlay_channel()
+            assert isinstance(raw, aiormq.Channel)
+            frame = raw.max_content_size  # frame_max less a content frame's 8 bytes
+            assert raw.connection.connection_tune.frame_max == frame + 8
+            sizes = [10, frame - 1, frame, frame + 1, 3 * frame + 5, 0, 1_048_576, 7]
+            bodies = [bytes([n % 251]) * size for n, size in enumerate(sizes)]
+            batch = [
+                (exchange.name, "k", aiormq.spec.Basic.Properties(message_id=str(n)), body)
+                for n, body in enumerate(bodies)
+            ]
+            confirmations = [await future for future in await publish_batch(raw, batch)]
+            assert all(isinstance(c, aiormq.spec.Basic.Ack) for c in confirmations)
+            # The channel goes on: the next batch is matched with its own confirms.
+            [after] = await publish_batch(
+                raw, [(exchange.name, "k", aiormq.spec.Basic.Properties(message_id="after"), b"z")]
+            )
+            assert isinstance(await after, aiormq.spec.Basic.Ack)
+        finally:
+            await connection.close()
+        received = []
+        async with queue.iterator(no_ack=True) as messages:
+            async for message in messages:
+                received.append((message.message_id, message.body))
+                if len(received) == len(bodies) + 1:
+                    break
+        assert received == [(str(n), body) for n, body in enumerate(bodies)] + [("after", b"z")]
+    finally:
+        await queue.delete(if_unused=False, if_empty=False)

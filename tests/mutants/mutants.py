@@ -503,4 +503,23 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_relay_with_other_queue_arguments_exits_3_naming_the_queue_and_the_mismatch",
         ),
     ),
+    Mutant(
+        name="claim-window-from-parked-rows",
+        path="bulk_recorder/producer/relay_publish.py",
+        old=(
+            "  AND id >= (SELECT min(id) FROM outbox WHERE parked_at IS NULL"
+            " AND available_at <= now())\n"
+            "  AND id < (SELECT min(id) FROM outbox WHERE parked_at IS NULL"
+            " AND available_at <= now()) + $2\n"
+        ),
+        new=(
+            "  AND id >= (SELECT min(id) FROM outbox)\n"
+            "  AND id < (SELECT min(id) FROM outbox) + $2\n"
+        ),
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_relay_publish.py::"
+            "test_a_parked_row_far_below_the_rest_holds_up_nothing",
+        ),
+    ),
 )

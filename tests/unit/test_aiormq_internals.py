@@ -28,7 +28,7 @@ from packaging.requirements import Requirement
 from pamqp import commands as spec
 from pamqp import frame as pamqp_frame
 
-from bulk_recorder.infra.aiormq_internals import channel_closing, write_acks
+from bulk_recorder.infra.aiormq_internals import _content_frames, channel_closing, write_acks
 from tests.conftest import wait_for
 
 PINNED = f"aiormq {version('aiormq')}, pamqp {version('pamqp')}"
@@ -207,7 +207,7 @@ async def test_a_channel_keeps_its_confirmation_map_and_delivery_tag_sequence() 
         "publish_batch numbers its publishes from it",
     )
     assert isinstance(getattr(channel, "max_content_size", None), int), _broken(
-        "Channel.max_content_size is gone", "publish_batch refuses bodies larger than one frame"
+        "Channel.max_content_size is gone", "publish_batch cuts bodies into frames of that size"
     )
     confirm = getattr(channel, "_confirm_delivery", None)
     assert callable(confirm), _broken(
@@ -221,3 +221,21 @@ async def test_a_channel_keeps_its_confirmation_map_and_delivery_tag_sequence() 
         "Channel._confirm_delivery no longer resolves the registered future with the Ack",
         "publish_batch",
     )
+
+
+async def test_publish_batch_cuts_a_body_into_the_frames_basic_publish_sends() -> None:
+    """A body of a frame or more goes out in several content frames (issue 18, item 2): the
+    same ones aiormq's basic_publish makes, whatever the size."""
+    channel = _channel(_connection())
+    size = channel.max_content_size
+    assert size == 131_072 - 8  # frame_max less a content frame's header and end byte
+    split = getattr(channel, "_split_body", None)
+    assert callable(split), _broken(
+        "Channel._split_body is gone", "publish_batch cuts bodies as it does"
+    )
+    for length in (0, 1, size - 1, size, size + 1, 2 * size, 3 * size + 5):
+        body = bytes(n % 251 for n in range(length))
+        ours = [frame.value for frame in _content_frames(body, size)]
+        assert ours == [frame.value for frame in split(body)], length
+        assert b"".join(ours) == body
+        assert all(len(value) <= size for value in ours)

@@ -522,4 +522,17 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_parked_row_far_below_the_rest_holds_up_nothing",
         ),
     ),
+    Mutant(
+        name="relay-write-wait-unbounded",
+        path="bulk_recorder/producer/relay_publish.py",
+        old="            async with asyncio.timeout(self.config.publish_timeout_s):\n"
+        "                futures = await publish_batch(",
+        new="            async with asyncio.timeout(None):\n"
+        "                futures = await publish_batch(",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/faults/test_relay_write_queue.py::"
+            "test_a_lane_whose_connection_died_with_its_writes_queued_comes_back",
+        ),
+    ),
 )

@@ -2,7 +2,7 @@
 
 Run with ``python -m benchmarks.bench_decode [--number N] [--repeat R]``. Each figure is the
 median over ``repeat`` timeit runs of ``number`` calls, so one slow run (a GC pass, a noisy
-neighbour) does not move it. The messages are the typical shapes of DESIGN.md section 4: a
+neighbour) does not move it. The messages are the typical shapes of docs/messages.md: a
 transaction with two operations and a small metadata object (~600 bytes) and a credit
 annotation with a formatted CPF.
 """

@@ -23,7 +23,7 @@ the broker has routed and confirmed the copy:
 
 A connection that aiormq gives up (no frame within its heartbeat grace) fails every pending
 confirm and RPC with ``CancelledError``. That is a broker failure, not a request to stop the
-task that waited: :func:`bulk_recorder.broker.cancel_requested` tells the two apart, and every
+task that waited: :func:`bulk_recorder.infra.broker.cancel_requested` tells the two apart, and every
 call here turns the former into "not settled" (False) while a real cancellation still
 propagates.
 """

@@ -3,7 +3,7 @@
 Both get the settings built once by :func:`consumer.cli.main`. ``api`` runs uvicorn on uvloop
 with httptools; uvicorn handles SIGTERM/SIGINT itself (stop accepting, finish requests in
 flight within ``BULK_RECORDER_SHUTDOWN_TIMEOUT_S``, run the lifespan shutdown that closes the
-pool). ``relay`` runs :class:`bulk_recorder.outbox.Relay` until SIGTERM/SIGINT; batches in
+pool). ``relay`` runs :class:`bulk_recorder.producer.relay.Relay` until SIGTERM/SIGINT; batches in
 flight finish (confirmed and deleted, or rolled back and published again later).
 """
 

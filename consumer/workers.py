@@ -1,10 +1,11 @@
 """The recorder's flush workers, what it holds, and its pause during a long database outage.
 
-Batches the collector closes wait in one queue; ``settings.flush_workers`` workers each take
-one at a time and hand it to the :class:`Flusher`. A worker that ends outside shutdown is logged
-and replaced after ``WORKER_RESTART_DELAY_S``. A batch released after a long outage pauses
-intake: what is held goes back to the broker and intake resumes once a probe write succeeds.
-A dead channel's deliveries, buffered or queued, are forgotten (the broker redelivers them).
+Batches the collector closes wait in one queue; ``settings.rabbitmq_numbers_of_workers`` workers
+each take one at a time and hand it to the :class:`Flusher`. A worker that ends outside shutdown
+is logged and replaced after ``WORKER_RESTART_DELAY_S``. A batch released after a long outage
+pauses intake: what is held goes back to the broker and intake resumes once a probe write
+succeeds. A dead channel's deliveries, buffered or queued, are forgotten (the broker redelivers
+them).
 
 :class:`FlushWorkers` is a part of :class:`consumer.app.Recorder`, kept in a module of its own;
 the attributes it declares are the Recorder's.

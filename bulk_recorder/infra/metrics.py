@@ -18,7 +18,7 @@ _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 
 
 class Metrics:
-    """The contract metrics of DESIGN.md section 6, plus a few that operators ask for."""
+    """The contract metrics of docs/reference.md, plus a few that operators ask for."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()

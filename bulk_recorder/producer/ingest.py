@@ -4,7 +4,7 @@ A job arrives as a JSON array of objects, as NDJSON (one object a line) or as CS
 row. Parsers take the body chunk by chunk and keep at most one unfinished line (bounded by the
 per-message limit), so a 300,000-line job is never held whole: each finished line is validated
 at once with :func:`bulk_recorder.records.decode` -- the very function the recorder runs -- and
-becomes an outbox row whose body is the canonical message of DESIGN.md section 4.
+becomes an outbox row whose body is the canonical message of docs/messages.md.
 
 Line numbers are 1-based: the physical line for NDJSON, the line where the record starts for CSV
 (the header is line 1), and the element's position for a JSON array.
@@ -15,7 +15,8 @@ its lines are validated: blank filler cannot make a huge body look like a small 
 
 Two kinds of failure: a bad line is rejected with its number and reason and the job goes on; a
 body that cannot be split into lines at all (a JSON array that does not parse, a CSV header with
-an unknown column, invalid UTF-8 in CSV) raises :class:`FormatError` for the whole request.
+an unknown column, invalid UTF-8 in CSV) raises
+:class:`bulk_recorder.producer.parsers.FormatError` for the whole request.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The relay, in each of its lanes, repeats one database transaction:
 1. claim up to ``batch_size`` unsent rows in id order with ``FOR UPDATE SKIP LOCKED`` (several
    lanes and several relay processes take disjoint batches),
 2. publish them all at once on a confirm channel (the whole batch in flight, never one confirm
-   awaited after another) with the message properties of DESIGN.md section 4 and
+   awaited after another) with the message properties of docs/messages.md and
    ``mandatory`` set, so that an unroutable message is never counted as sent,
 3. delete the rows the broker confirmed and add them to their jobs' ``published`` count; a
    refused row (its lone publish closed the channel) gets a later ``available_at`` and is

@@ -1,4 +1,4 @@
-"""The record contract (DESIGN.md section 4) and its validation: what a valid message is.
+"""The record contract (docs/messages.md) and its validation: what a valid message is.
 
 ``decode`` turns a message body into a :data:`Record` or raises :class:`RecordError`; documents
 (CPF/CNPJ) are checked in :mod:`bulk_recorder.records.documents`. Imports only

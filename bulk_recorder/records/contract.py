@@ -1,4 +1,4 @@
-"""The record contract (DESIGN.md section 4): record types, their limits, and the immutable
+"""The record contract (docs/messages.md): record types, their limits, and the immutable
 records ``decode`` returns."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Record types and ``decode()``: one AMQP message body -> one validated, immutable record.
 
-The AMQP ``type`` property names the record type (DESIGN.md section 4); the body is one JSON
+The AMQP ``type`` property names the record type (docs/messages.md); the body is one JSON
 object. ``decode`` either returns a :data:`Record` ready for the writer or raises
 :class:`RecordError` whose ``reason`` is short enough for the dead-letter header.
 
@@ -171,7 +171,7 @@ def decode(
     ``record_type`` is the AMQP ``type`` property and is authoritative (a ``type`` field in the
     body, if any, is ignored). Raises :class:`RecordError` and nothing else: unknown or missing
     type, oversized body, bad UTF-8, bad JSON, nesting deeper than 32 levels, or a record that
-    breaks the rules of DESIGN.md section 4.
+    breaks the rules of docs/messages.md.
     """
     if not record_type:
         raise RecordError("missing type property")

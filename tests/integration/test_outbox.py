@@ -163,7 +163,7 @@ async def test_small_job_flows_through_outbox_relay_and_recorder(
 
 
 async def test_relayed_message_has_the_contract_properties(make_settings, broker) -> None:
-    """Published as DESIGN.md section 4 says: checked on the queue, with no recorder running."""
+    """Published as docs/messages.md says: checked on the queue, with no recorder running."""
     settings = make_settings()
     tx = Generator.create(4).transaction()
     async with api_client(settings) as (client, _):

@@ -40,3 +40,21 @@ def test_every_relative_link_leads_to_a_file_and_heading_of_the_repository(page:
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{target} (no such heading)")
     assert broken == []
+
+
+def test_no_file_of_the_project_cites_a_path_outside_it() -> None:
+    """A clone is all a newcomer has: nothing may send them to a file the repository lacks."""
+    import subprocess
+
+    outside = ("DESIGN" + ".md", ".." + "/shared")
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    citing = []
+    for name in files:
+        path = REPO / name
+        if not path.is_file() or path.suffix in {".png", ".svg", ".lock"}:
+            continue
+        text = path.read_text(errors="replace")
+        citing += [f"{name}: {what}" for what in outside if what in text]
+    assert citing == []

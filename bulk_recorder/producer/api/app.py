@@ -2,15 +2,16 @@
 
 Routes (OpenAPI at ``/openapi.json``, browsable at ``/docs``):
 
-- ``POST /v1/transactions``: one transaction message (DESIGN.md section 4), validated with
+- ``POST /v1/transactions``: one transaction message (docs/messages.md), validated with
   :func:`bulk_recorder.records.decode` like the recorder does. ``RABBITMQ_TRANSACTION_ASYNC=true``:
   the request row and an outbox row are written in ONE database transaction, answer 202 (the
   relay publishes it, the recorder records it). ``false``: the transaction, its operations and
-  its balance effects are written at once by :class:`PgWriter`, answer 201. Either way a repeat
-  of the same id or ``Idempotency-Key`` is answered with the first outcome, never a second row.
+  its balance effects are written at once by
+  :class:`bulk_recorder.recorder.writer.PgWriter`, answer 201. Either way a repeat of the same
+  id or ``Idempotency-Key`` is answered with the first outcome, never a second row.
 - ``POST /v1/credit-annotation-jobs``: JSON array, NDJSON or CSV, streamed; each line validated
   with ``decode``; accepted lines are staged as they arrive (COPY, short transactions: see
-  :mod:`bulk_recorder.job_staging`), and once the body is complete the job row and all its
+  :mod:`bulk_recorder.producer.job_staging`), and once the body is complete the job row and all its
   outbox rows are written in one database transaction; answer 202 with the job id, counts and
   rejected lines. Always asynchronous. Bounded: ``API_MAX_JOB_BYTES`` (413), every line counts
   toward the line limit (413), ``API_BODY_TIMEOUT_S`` and ``API_UPLOAD_TIMEOUT_S`` (408).

@@ -4,6 +4,13 @@ A test session takes a table lock (a "gate") or a row lock; the recorder's next 
 needs it waits for it. While it waits, the test knows exactly where the flush is, and can inject
 a fault there (terminate the backend, close a deadlock cycle, commit a concurrent update) as
 many times as it likes: every retry of the flush comes back to the same gate.
+
+A backend outlives its client. ``pg_terminate_backend`` only signals it, and returns; a backend
+whose client process was killed notices only when it next reads from or writes to its socket,
+so a statement already sent may still run, and commit, once its lock is granted. Until the
+backend has exited, its session's temporary tables exist too: they are dropped on its way out,
+before it leaves ``pg_stat_activity``. A test that reads what such a session did or left waits
+with :func:`wait_for_backends_gone` first.
 """
 
 from __future__ import annotations
@@ -27,6 +34,13 @@ SELECT pid FROM pg_stat_activity
 WHERE $1::int = ANY(pg_blocking_pids(pid)) AND NOT pid = ANY($2::int[])
 ORDER BY pid
 """
+_OTHER_BACKENDS = """
+SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND NOT pid = ANY($1::int[])
+ORDER BY pid
+"""
+_ALIVE = "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1::int[])"
 _XACT_WAITER = """
 SELECT count(*) > 0 FROM pg_locks
 WHERE locktype = 'transactionid' AND NOT granted AND pid = $1
@@ -96,3 +110,26 @@ async def close_gate(conn: asyncpg.Connection, table: str) -> None:
     """Begin a transaction on ``conn`` that holds ``table`` against writers until it ends."""
     await conn.execute("BEGIN")
     await conn.execute(f"LOCK TABLE {table} IN {GATE_MODE} MODE")
+
+
+async def backend_pid(conn: asyncpg.Connection) -> int:
+    """The pid of ``conn``'s own backend."""
+    return int(await conn.fetchval("SELECT pg_backend_pid()"))
+
+
+async def other_backends(conn: asyncpg.Connection, exclude: Collection[int] = ()) -> list[int]:
+    """The client backends of ``conn``'s database other than ``conn``'s and ``exclude``."""
+    rows = await conn.fetch(_OTHER_BACKENDS, [await backend_pid(conn), *exclude])
+    return [int(r[0]) for r in rows]
+
+
+async def wait_for_backends_gone(
+    conn: asyncpg.Connection, pids: Collection[int], timeout: float = 30
+) -> None:
+    """Until none of ``pids`` is in ``pg_stat_activity``: each has ended its transaction
+    (committed or rolled back) and dropped its temporary tables, so what it did is settled."""
+
+    async def gone() -> bool:
+        return not await conn.fetchval(_ALIVE, list(pids))
+
+    await wait_for(gone, timeout=timeout, interval=0.02)

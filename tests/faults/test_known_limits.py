@@ -23,7 +23,7 @@ from consumer.topology import Topology
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import audit_run, report_for, settled_count
 from tests.faults.conftest import via_proxy
-from tests.faults.pg_locks import close_gate, wait_for_relation_waiter
+from tests.faults.pg_locks import close_gate, wait_for_backends_gone, wait_for_relation_waiter
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
@@ -52,13 +52,8 @@ async def test_a_valid_message_held_through_crashes_is_dead_lettered_by_the_brok
             held_by = await wait_for_relation_waiter(admin, "credit_annotations", timeout=60)
             await proc.kill()  # SIGKILL while its flush holds the message
             await admin.fetchval("SELECT pg_terminate_backend($1)", held_by)  # its orphan
-
-            async def orphan_gone(pid: int = held_by) -> bool:
-                return not await admin.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid
-                )
-
-            await wait_for(orphan_gone)  # so the next waiter found is the next recorder's
+            # so the next waiter found is the next recorder's
+            await wait_for_backends_gone(admin, [held_by])
             if crash <= limit:  # returned: back in the queue, not dead-lettered yet
                 assert await settled_count(broker, limited.queue) == 1
                 assert await broker.ready_count(limited.dead_letter_queue) == 0

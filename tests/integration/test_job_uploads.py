@@ -21,6 +21,7 @@ from bulk_recorder.producer.job_staging import STAGING_TABLE
 from bulk_recorder.producer.parsers import CSV_COLUMNS
 from consumer.tools.loadgen import Generator
 from tests.conftest import free_port, settings_env, wait_for
+from tests.faults.pg_locks import wait_for_backends_gone
 from tests.integration.producer_support import api_client, ndjson, provision_key
 
 pytestmark = [pytest.mark.postgres]
@@ -245,7 +246,11 @@ async def test_a_database_session_lost_mid_upload_is_503_and_leaves_nothing(
     make_settings, db, monkeypatch
 ) -> None:
     """The upload's session is terminated after lines were staged: the staged lines die with
-    it, the client gets 503, and the next upload works on a fresh connection."""
+    it, the client gets 503, and the next upload works on a fresh connection.
+
+    The server drops a terminated session's temporary table on the backend's way out, which
+    may end after the 503 is sent (pg_terminate_backend only signals). Here that drop is held
+    at a lock until the 503 is in, as a busy machine may hold it."""
     monkeypatch.setattr(jobs_module, "COPY_BATCH_ROWS", 5)
     settings = make_settings()
     gen = Generator.create(68)
@@ -260,16 +265,33 @@ async def test_a_database_session_lost_mid_upload_is_503_and_leaves_nothing(
         )
         await wait_for(lambda: _fetchval(conn, copied, STAGING_TABLE), timeout=10)
         pid = await conn.fetchval(copied, STAGING_TABLE)
+        holder = await db()
+        await hold_staging_table(holder)
         assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
         body.release.set()
         response = await asyncio.wait_for(task, 30)
         assert response.status_code == 503, response.text
         assert response.headers["retry-after"] == "1"
         assert await stored(conn) == (0, 0)
+        assert await staging_tables(conn) == 1  # answered; its session is still ending
+        await holder.execute("ROLLBACK")
+        await wait_for_backends_gone(conn, [pid])
         assert await staging_tables(conn) == 0
         again = await client.post(JOBS, content=lines(gen, 3), headers=NDJSON)
         assert again.status_code == 202, again.text
         assert await stored(conn) == (1, 3)
+
+
+async def hold_staging_table(conn: Any) -> None:
+    """Lock the (one) staging table in a transaction on ``conn``: its session's drop of it,
+    even the drop when that session ends, waits until the transaction ends."""
+    schema = await conn.fetchval(
+        "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.relname = $1 AND c.relpersistence = 't'",
+        STAGING_TABLE,
+    )
+    await conn.execute("BEGIN")
+    await conn.execute(f"LOCK TABLE {schema}.{STAGING_TABLE} IN ACCESS SHARE MODE")
 
 
 async def _fetchval(conn: Any, query: str, *args: Any) -> bool:

@@ -460,6 +460,8 @@ def test_each_deployment_has_a_disruption_budget_that_lets_a_node_drain(
             (budget,) = [b for b in budgets if _selects(b["spec"]["selector"], labels)]
             assert budget["spec"]["selector"] == deployment["spec"]["selector"], (name, workload)
             assert budget["spec"]["maxUnavailable"] >= 1, (name, workload)
+            # Not-ready pods (an outage) must not hold up a drain.
+            assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow", workload
 
 
 def test_the_pod_monitor_scrapes_each_role_under_the_job_of_the_alert_rules(

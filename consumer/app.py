@@ -30,16 +30,15 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp import commands as spec
 
 from bulk_recorder.infra.aiormq_internals import close_connection, unblock_writers
-from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.backoff import RETRY, Backoff
 from bulk_recorder.infra.broker import (
-    BROKER_ERRORS,
     BrokerNodes,
     TopologyMismatch,
     broker_failures_suppressed,
-    cancel_requested,
 )
-from bulk_recorder.infra.db import open_pool_when_ready, wait_or_stop
+from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.reconnect import Session, keep_connected
 from bulk_recorder.recorder.collector import BulkCollector
 from bulk_recorder.recorder.flusher import Flusher, Pending, count_dead_letter
 from bulk_recorder.recorder.writer import PgWriter, rows_per_insert
@@ -93,6 +92,8 @@ class Recorder(FlushWorkers):
         self._stopping = False
         self._pause_task: asyncio.Task[None] | None = None
         self._consume_lock = asyncio.Lock()
+        self._connected_before = False
+        self._quick_cancels = 0  # consumers the broker cancelled soon after they started, in a row
         self._connection: aio_pika.abc.AbstractConnection | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._worker_restarts = 0
@@ -188,60 +189,55 @@ class Recorder(FlushWorkers):
         return self._db_ok
 
     async def _broker_loop(self, stop: asyncio.Event) -> None:
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        quick_cancels = 0  # consumers the broker cancelled soon after they started, in a row
-        connected_before = False
-        while not stop.is_set():
-            connection: aio_pika.abc.AbstractConnection | None = None
-            channel: AbstractChannel | None = None
-            try:
-                connection = await self._nodes.connect()
-                consume_channel = await connection.channel(publisher_confirms=False)
-                await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
-                await declare_or_mismatch(consume_channel, self.topology)
-                channel = await consume_channel.get_underlay_channel()
-                self._connection = connection
-                self._channel = channel
-                if connected_before:
-                    self.metrics.broker_reconnects.inc()
-                connected_before = True
-                attempt = 0
-                self._broker_ok = True
-                self._cancelled_note = None
-                log.info("consuming from %s", self.topology.queue)
-                started = time.monotonic()
-                if await self._wait_and_consume(stop, connection, channel):
-                    # go round: connect, declare the queue again, consume; a broker that keeps
-                    # cancelling at once is met with a growing backoff, not a busy loop
-                    quick = time.monotonic() - started < backoff.cap_s
-                    quick_cancels = quick_cancels + 1 if quick else 0
-                    attempt = quick_cancels
-            except TopologyMismatch:
-                raise
-            except BROKER_ERRORS as exc:
-                log.warning("broker connection to %s failed: %r", self._nodes.where, exc)
-                log.debug("broker failure", exc_info=True)
-            except asyncio.CancelledError:
-                if cancel_requested():
-                    raise
-                log.warning("broker connection given up (no frame within the heartbeat grace)")
-                log.debug("broker failure", exc_info=True)
-            except Exception:  # a surprise from the client library must not end the service
-                log.exception("unexpected error on the broker connection; reconnecting")
-            finally:
-                self._broker_ok = False
-                if channel is not None and not stop.is_set():
-                    self._drop_channel(channel)
-                if connection is not None and not stop.is_set():
-                    with broker_failures_suppressed():
-                        await connection.close()
-                if channel is not None and not stop.is_set():
-                    await unblock_writers(channel)
-            if stop.is_set():
-                break
-            await wait_or_stop(stop, backoff.delay(attempt))
-            attempt += 1
+        """Consume until ``stop``, through every loss of the broker; the connection stays open
+        at the end for the final flush's acks (``_shutdown`` closes it)."""
+        await keep_connected(
+            self._nodes,
+            Session(self._open, lambda c: self._consume_until_lost(c, stop), self._lost),
+            stop,
+            what="consumer connection",
+            logger=log,
+            fatal=(TopologyMismatch,),  # run() ends with it: exit 3
+            close_on_stop=False,
+        )
+
+    async def _open(self, connection: aio_pika.abc.AbstractConnection) -> None:
+        consume_channel = await connection.channel(publisher_confirms=False)
+        await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
+        await declare_or_mismatch(consume_channel, self.topology)
+        self._connection = connection
+        self._channel = await consume_channel.get_underlay_channel()
+        if self._connected_before:
+            self.metrics.broker_reconnects.inc()
+        self._connected_before = True
+        self._broker_ok = True
+        self._cancelled_note = None
+        log.info("consuming from %s", self.topology.queue)
+
+    async def _consume_until_lost(
+        self, connection: aio_pika.abc.AbstractConnection, stop: asyncio.Event
+    ) -> int:
+        """The backoff attempt to reconnect with: a broker that keeps cancelling our consumer
+        at once is met with a growing backoff, not a busy loop."""
+        assert self._channel is not None
+        started = time.monotonic()
+        if not await self._wait_and_consume(stop, connection, self._channel):
+            return 0
+        quick = time.monotonic() - started < RETRY.cap_s
+        self._quick_cancels = self._quick_cancels + 1 if quick else 0
+        return self._quick_cancels
+
+    async def _lost(self, stopping: bool) -> None:
+        """Forget the channel's deliveries and close its connection (unless shutting down)."""
+        self._broker_ok = False
+        channel, connection = self._channel, self._connection
+        if channel is None or stopping:
+            return
+        self._drop_channel(channel)
+        if connection is not None:
+            with broker_failures_suppressed():
+                await connection.close()
+        await unblock_writers(channel)
 
     async def _wait_and_consume(
         self,

@@ -52,29 +52,29 @@ import aio_pika
 import asyncpg
 from aiormq.abc import AbstractChannel
 
-from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import (
-    BROKER_ERRORS,
     BrokerNodes,
     TopologyMismatch,
     cancel_requested,
 )
-from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready, wait_any, wait_or_stop
+from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready
 from bulk_recorder.infra.errors import renew_if_server_gone
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.reconnect import Session, keep_connected
+from bulk_recorder.infra.waits import wait_any, wait_or_stop
 from bulk_recorder.producer.outbox import listen, outbox_stats, record_stats
 from bulk_recorder.producer.relay_publish import (
     BatchPublisher,
     BatchResult,
     RelayConfig,
-    close_quietly,
 )
 from bulk_recorder.producer.relay_tasks import supervise
 from settings import Settings
 
 __all__ = ["BatchResult", "Relay", "RelayConfig"]
 
-log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 Declare = Callable[[aio_pika.abc.AbstractChannel], Awaitable[None]]
 
@@ -203,49 +203,32 @@ class Relay:
         return self._db_ok
 
     async def _broker_loop(self, stop: asyncio.Event) -> None:
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        while not stop.is_set():
-            connection: aio_pika.abc.AbstractConnection | None = None
-            try:
-                connection = await self._nodes.connect()
-                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-                if self._declare is not None:
-                    await self._declare(channel)
-                underlay = await channel.get_underlay_channel()
-                self._replace.clear()
-                self._channel = underlay
-                self._broker_up.set()
-                log.info("relay connected to the broker; publishing to %s", self.exchange)
-                self.wake()
-                attempt = await self._hold(connection, underlay, stop)
-            except TopologyMismatch as exc:
-                self._give_up(exc)
-                break
-            except BROKER_ERRORS as exc:
-                log.warning(
-                    "broker at %s not reachable (%r); rows wait in the outbox",
-                    self._nodes.where,
-                    exc,
-                )
-                log.debug("broker failure", exc_info=True)
-            except asyncio.CancelledError:
-                if cancel_requested():
-                    raise
-                # aiormq fails what waits on a connection it gave up on (heartbeat) this way
-                log.warning("broker connection cancelled under us; rows wait in the outbox")
-                log.debug("broker failure", exc_info=True)
-            except Exception:  # a surprise from the client library must not end the relay
-                log.exception("unexpected error on the broker connection; rows wait in the outbox")
-            finally:
-                self._broker_up.clear()
-                self._channel = None
-                if connection is not None:
-                    await close_quietly(connection)
-            if stop.is_set():
-                break
-            await wait_or_stop(stop, backoff.delay(attempt))
-            attempt += 1
+        try:
+            await keep_connected(
+                self._nodes,
+                Session(self._open, lambda connection: self._hold(connection, stop), self._lost),
+                stop,
+                what="relay",
+                logger=log,
+                fatal=(TopologyMismatch,),  # the broker refuses our topology: retrying cannot help
+            )
+        except TopologyMismatch as exc:
+            self._give_up(exc)
+
+    async def _open(self, connection: aio_pika.abc.AbstractConnection) -> None:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        if self._declare is not None:
+            await self._declare(channel)
+        underlay = await channel.get_underlay_channel()
+        self._replace.clear()
+        self._channel = underlay
+        self._broker_up.set()
+        log.info("relay connected to the broker; publishing to %s", self.exchange)
+        self.wake()
+
+    async def _lost(self, stopping: bool) -> None:
+        self._broker_up.clear()
+        self._channel = None
 
     def _give_up(self, mismatch: TopologyMismatch) -> None:
         """The broker refuses our topology: stop the relay; ``run`` raises ``mismatch``."""
@@ -253,14 +236,11 @@ class Relay:
         if self._stopping is not None:
             self._stopping.set()
 
-    async def _hold(
-        self,
-        connection: aio_pika.abc.AbstractConnection,
-        underlay: AbstractChannel,
-        stop: asyncio.Event,
-    ) -> int:
+    async def _hold(self, connection: aio_pika.abc.AbstractConnection, stop: asyncio.Event) -> int:
         """Wait until the connection or channel is lost, a lane asks for them to be replaced,
         or ``stop``; the backoff attempt to go on with (0 after a loss: reconnect at once)."""
+        underlay = self._channel
+        assert underlay is not None
         closed = asyncio.ensure_future(connection.closed())
         stopped = asyncio.ensure_future(stop.wait())
         replace = asyncio.ensure_future(self._replace.wait())
@@ -302,7 +282,6 @@ class Relay:
 
     async def _lane(self, index: int, stop: asyncio.Event) -> None:
         wake = self._wakes[index]
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
         db_failures = 0
         while not stop.is_set():
             if not self._broker_up.is_set():
@@ -316,7 +295,7 @@ class Relay:
                 self._db_ok = False
                 log.warning("outbox batch failed on the database (%s); retrying", exc)
                 await renew_if_server_gone(self._pool, exc)
-                await wait_or_stop(stop, backoff.delay(db_failures))
+                await wait_or_stop(stop, RETRY.delay(db_failures))
                 db_failures += 1
                 continue
             except asyncio.CancelledError:
@@ -324,12 +303,12 @@ class Relay:
                     raise  # a shutdown: the batch rolled back
                 # Not ours: a broker connection aiormq gave up on. The batch rolled back.
                 log.warning("outbox batch cancelled under us (broker lost); its rows stay")
-                await wait_or_stop(stop, backoff.delay(db_failures))
+                await wait_or_stop(stop, RETRY.delay(db_failures))
                 db_failures += 1
                 continue
             except Exception:  # a bug must not silently stop a lane: the batch rolled back
                 log.exception("outbox batch failed unexpectedly; its rows stay and are retried")
-                await wait_or_stop(stop, backoff.delay(db_failures))
+                await wait_or_stop(stop, RETRY.delay(db_failures))
                 db_failures += 1
                 continue
             self._db_ok = True
@@ -343,7 +322,7 @@ class Relay:
                 if self._channel is channel:
                     self._channel = None
                     self._replace.set()
-                await wait_or_stop(stop, backoff.delay(self._failed_rounds))
+                await wait_or_stop(stop, RETRY.delay(self._failed_rounds))
                 continue
             if result.published:
                 self._failed_rounds = 0

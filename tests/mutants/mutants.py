@@ -495,8 +495,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="relay-retries-a-topology-mismatch",
         path="bulk_recorder/producer/relay.py",
-        old="                self._give_up(exc)\n                break\n",
-        new="                log.warning('broker refused our topology (%r)', exc)\n",
+        old="fatal=(TopologyMismatch,),  # the broker refuses our topology: retrying cannot help",
+        new="fatal=(),",
         promise=BAD_SETTINGS,
         tests=(
             "tests/integration/test_topology.py::"

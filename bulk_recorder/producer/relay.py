@@ -37,8 +37,8 @@ Every long-lived task (the lanes, the broker loop, the listener and the stats lo
 failure of what it waits on as an outage, including the ``CancelledError`` that aiormq hands to
 every pending confirm when it gives up on a silent connection (a partition that outlives the
 heartbeat): only a cancellation of the task itself (a shutdown) ends it. A task that ends anyway
-(a bug) is logged, makes :meth:`Relay.ready` false and is started again after a short backoff
-(:mod:`bulk_recorder.producer.relay_tasks`).
+(a bug) is logged, makes :meth:`Relay.ready` false and is started again after a growing backoff
+(:mod:`bulk_recorder.infra.supervisor`).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready
 from bulk_recorder.infra.errors import renew_if_server_gone
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.reconnect import Session, keep_connected
+from bulk_recorder.infra.supervisor import Supervisor
 from bulk_recorder.infra.waits import wait_any, wait_or_stop
 from bulk_recorder.producer.outbox import listen, outbox_stats, record_stats
 from bulk_recorder.producer.relay_publish import (
@@ -69,7 +70,6 @@ from bulk_recorder.producer.relay_publish import (
     BatchResult,
     RelayConfig,
 )
-from bulk_recorder.producer.relay_tasks import supervise
 from settings import Settings
 
 __all__ = ["BatchResult", "Relay", "RelayConfig"]
@@ -112,7 +112,7 @@ class Relay:
         self._db_ok = False
         self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
         self._halt = asyncio.Event()  # stops the background loops once the lanes are done
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
+        self._tasks = Supervisor()  # the long-lived tasks (run() makes one that knows stop)
         self._batches = BatchPublisher(self.config, self.metrics, self.exchange)
         self._failed_rounds = 0  # batches in a row with a nack or a lost confirm
         self._stopping: asyncio.Event | None = None  # run's stop, set on a topology mismatch
@@ -124,7 +124,7 @@ class Relay:
         broker = "up" if self._broker_up.is_set() else "down"
         database = "up" if self._db_ok else "down"
         detail = f"broker {broker}, database {database}"
-        dead = [name for name, task in self._tasks.items() if task.done()]
+        dead = self._tasks.down()
         if dead:
             detail += ", " + ", ".join(f"{name} down" for name in dead)
         return self._broker_up.is_set() and self._db_ok and not dead, detail
@@ -151,35 +151,30 @@ class Relay:
         try:
             if not await self._connect_database(stop):
                 return
-            await supervise(
-                self._tasks,
-                {
-                    "relay-broker": partial(self._broker_loop, halt),
-                    "relay-listen": partial(listen, self.settings.database_url, self.wake, halt),
-                    "relay-stats": partial(self._stats_loop, halt),
-                    **{f"relay-lane-{i}": partial(self._lane, i, stop) for i in range(c.lanes)},
-                },
-                stop,
-            )
+            run = self._tasks = Supervisor(stop)
+            run.start("relay-broker", partial(self._broker_loop, halt))
+            run.start("relay-listen", partial(listen, self.settings.database_url, self.wake, halt))
+            run.start("relay-stats", partial(self._stats_loop, halt))
+            for i in range(c.lanes):
+                run.start(f"relay-lane-{i}", partial(self._lane, i, stop))
+            await stop.wait()
             log.info("relay stopping: finishing the batches in flight")
             # A lane finishes its batch (confirmed and deleted, or rolled back); bounded.
-            lanes = self._lane_tasks()
+            lanes = self._tasks.tasks("relay-lane-")
             if lanes:
                 _, pending = await asyncio.wait(lanes, timeout=c.publish_timeout_s + 5)
                 for task in pending:
                     task.cancel()
         finally:
             halt.set()
-            lanes = self._lane_tasks()
-            for task in lanes:
-                task.cancel()
-            await asyncio.gather(*lanes, return_exceptions=True)
+            self._tasks.close()
+            await self._tasks.cancel("relay-lane-")
             # The broker loop closes its connection on halt; give it a moment, then cancel.
-            tasks = [t for name, t in self._tasks.items() if not name.startswith("relay-lane-")]
-            _, pending = await asyncio.wait(tasks, timeout=15) if tasks else (set(), set())
+            rest = [t for t in self._tasks.tasks() if not t.get_name().startswith("relay-lane-")]
+            _, pending = await asyncio.wait(rest, timeout=15) if rest else (set(), set())
             for task in pending:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*rest, return_exceptions=True)
             if self._pool is not None:
                 try:
                     await asyncio.wait_for(self._pool.close(), 10)
@@ -188,9 +183,6 @@ class Relay:
             log.info("relay stopped")
         if self._mismatch is not None:
             raise self._mismatch
-
-    def _lane_tasks(self) -> list[asyncio.Task[None]]:
-        return [t for name, t in self._tasks.items() if name.startswith("relay-lane-")]
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         self._pool = await open_pool_when_ready(

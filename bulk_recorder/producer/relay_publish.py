@@ -25,7 +25,7 @@ from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.outbox import stamp_published
 
-log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 
 APP_ID = "bulk-recorder-relay"

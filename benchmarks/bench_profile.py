@@ -53,7 +53,7 @@ CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("aiormq writer task (one socket write per frame)", ("Connection.__writer",)),
     (
         "flush worker loop / asyncio.Queue",
-        ("Recorder._flush_worker", "FlushWorkers._flush_worker"),
+        ("FlushPool._work",),
     ),
 ]
 OTHER = "other (event loop, task switches, unattributed)"

@@ -1,21 +1,20 @@
 """The recorder's lifecycle: connect, consume, collect, flush, pause on outages, shut down in order.
 
-One aio-pika connection (re-established by :meth:`Recorder._broker_loop` after any loss) carries
-the consumer channel with QoS ``settings.channel_prefetch``; it never publishes, so a broker
-alarm never blocks its acks. Dead letters and released deliveries are published on a second
+One aio-pika connection (:class:`consumer.consuming.Consuming`, re-established after any loss)
+carries the consumer channel; it never publishes, so a broker alarm never blocks its acks.
+Dead letters and released deliveries are published on a second
 connection (:class:`consumer.publisher.Publisher`). Every delivery is decoded at once: an
 invalid one is dead-lettered with its reason and acked; a valid one goes into the single shared
-:class:`BulkCollector`. Finished batches are written by ``RABBITMQ_NUMBERS_OF_WORKERS`` flush
-workers, each with its own database connection.
+:class:`BulkCollector`. Finished batches are written by the ``RABBITMQ_NUMBERS_OF_WORKERS``
+flush workers of the :class:`FlushPool`, each with its own database connection; a long database
+outage pauses intake (:class:`IntakePause`).
 
-When the broker cancels the consumer (Basic.Cancel: its queue was deleted), the recorder is not
-ready at once and goes round the broker loop: its channel and deliveries dropped, a new
-connection, the topology declared again with the contract's arguments, then consume.
-
-Every long-lived task (the broker loop, the flush workers, the pause task) outlives any failure
-of the broker it waits on, including the ``CancelledError`` that aiormq sets on every pending
-future of a connection it gives up; only a real cancellation (shutdown) ends them. A flush
-worker that ends anyway is logged and replaced, and ``ready()`` is False while one is missing.
+Every long-lived task (the broker loop, the publisher, the queue watch, the flush workers of
+the :class:`FlushPool`, the :class:`IntakePause`) outlives any failure of the broker it waits
+on, including the ``CancelledError`` that aiormq sets on every pending future of a connection
+it gives up; only a real cancellation (shutdown) ends them. Each runs under one
+:class:`Supervisor`: a task that ends anyway is logged and started again with a growing
+backoff, and ``ready()`` is False, naming it, while it is down.
 """
 
 from __future__ import annotations
@@ -23,55 +22,54 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 
-import aio_pika
 import asyncpg
 from aiormq.abc import AbstractChannel, DeliveredMessage
-from pamqp import commands as spec
 
-from bulk_recorder.infra.aiormq_internals import close_connection, unblock_writers
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import (
-    BROKER_ERRORS,
     BrokerNodes,
-    TopologyMismatch,
-    broker_failures_suppressed,
-    cancel_requested,
 )
-from bulk_recorder.infra.db import open_pool_when_ready, wait_or_stop
+from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.supervisor import Supervisor
 from bulk_recorder.recorder.collector import BulkCollector
 from bulk_recorder.recorder.flusher import Flusher, Pending, count_dead_letter
 from bulk_recorder.recorder.writer import PgWriter, rows_per_insert
 from bulk_recorder.records import RecordError, decode
+from consumer.consuming import Consuming
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, dead_letter_class
+from consumer.flush_pool import WORKER, FlushPool
 from consumer.health import HealthServer
+from consumer.intake import TASK as PAUSE
+from consumer.intake import IntakePause
 from consumer.publisher import Publisher
 from consumer.queue_watch import QueueWatch
-from consumer.topology import Topology, declare_or_mismatch
-from consumer.workers import Batch, FlushWorkers
+from consumer.topology import Topology
 from settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class Recorder(FlushWorkers):
+class Recorder:
     """The bulk recorder service. ``run(stop)`` returns after an orderly shutdown."""
 
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology.from_settings(settings)
-        self._nodes = BrokerNodes.from_setting(settings.rabbitmq_url)  # one URL, or one a node
-        self._batches: asyncio.Queue[Batch] = asyncio.Queue()
+        self._tasks = Supervisor()
+        self._flush_pool = FlushPool(
+            self.metrics, self._tasks, settings.rabbitmq_numbers_of_workers
+        )
+        self._intake = IntakePause(self, self._tasks)
         self._collector: BulkCollector[Pending] = BulkCollector(
-            settings.effective_batch_size, settings.flush_timeout_s, self._enqueue
+            settings.effective_batch_size, settings.flush_timeout_s, self._flush_pool.enqueue
         )
         self._pool: asyncpg.Pool | None = None
         self._writer: PgWriter | None = None
         self._flusher: Flusher | None = None
-        self._channel: AbstractChannel | None = None
-        self._consumer_tag: str | None = None
         self._publisher = Publisher(
             settings.rabbitmq_url,
             self.topology,
@@ -85,36 +83,39 @@ class Recorder(FlushWorkers):
         )
         # dead letters of invalid messages still being settled (held while the DLQ refuses)
         self._settling: set[asyncio.Future[None]] = set()
-        self._broker_ok = False
-        self._cancelled_note: str | None = None  # why not consuming, until declared again
+        self._consuming = Consuming(
+            BrokerNodes.from_setting(settings.rabbitmq_url),  # one URL, or one per node
+            self.topology,
+            self.metrics,
+            prefetch=settings.channel_prefetch,
+            on_message=self._on_message,
+            paused=lambda: self._intake.paused,
+            drop_channel=self._drop_channel,
+        )
         self._db_ok = False
-        self._intake = asyncio.Event()
-        self._intake.set()
         self._stopping = False
-        self._pause_task: asyncio.Task[None] | None = None
-        self._consume_lock = asyncio.Lock()
-        self._connection: aio_pika.abc.AbstractConnection | None = None
-        self._workers: list[asyncio.Task[None]] = []
-        self._worker_restarts = 0
         self.health: HealthServer | None = None
-        self.queue_watch = QueueWatch(self.metrics, self.topology.queue, lambda: self._connection)
+        self.queue_watch = QueueWatch(
+            self.metrics, self.topology.queue, lambda: self._consuming.connection
+        )
 
     # -- readiness ------------------------------------------------------------------------
 
     def ready(self) -> tuple[bool, str]:
-        broker = "up" if self._broker_ok else "down"
-        if self._cancelled_note is not None:
-            broker += f" ({self._cancelled_note})"
         database = "up" if self._db_ok else "down"
-        detail = f"broker {broker}, database {database}"
-        alive = sum(not task.done() for task in self._workers)
-        workers_ok = bool(self._workers) and alive == len(self._workers)
+        detail = f"broker {self._consuming.status()}, database {database}"
+        pool = self._flush_pool
+        alive, restarts = pool.alive(), pool.restarts()
+        workers_ok = pool.started and alive == pool.size
         # Before the database is first reached no worker exists yet: "database down" says why.
-        if self._workers and (not workers_ok or self._worker_restarts):
-            detail += f", flush workers {alive}/{len(self._workers)} alive"
-            if self._worker_restarts:
-                detail += f" ({self._worker_restarts} restarted)"
-        return self._broker_ok and self._db_ok and workers_ok, detail
+        if pool.started and (not workers_ok or restarts):
+            detail += f", flush workers {alive}/{pool.size} alive"
+            if restarts:
+                detail += f" ({restarts} restarted)"
+        down = [name for name in self._tasks.down() if not name.startswith(WORKER)]
+        if down:
+            detail += ", " + ", ".join(f"{name} down" for name in down)
+        return self._consuming.ok and self._db_ok and workers_ok and not down, detail
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -147,10 +148,12 @@ class Recorder(FlushWorkers):
                 self.metrics.registry, self.ready, s.metrics_host, s.metrics_port
             )
             await self.health.start()
+        tasks = self._tasks
+        tasks.stop_on(stop)
         publisher_stop = asyncio.Event()
-        publisher = asyncio.create_task(self._publisher.run(publisher_stop), name="publisher")
+        tasks.start("publisher", partial(self._publisher.run, publisher_stop))
         watch_stop = asyncio.Event()
-        watch = asyncio.create_task(self.queue_watch.run(watch_stop), name="queue-watch")
+        tasks.start("queue-watch", partial(self.queue_watch.run, watch_stop))
         try:
             if not await self._connect_database(stop):
                 return
@@ -168,13 +171,16 @@ class Recorder(FlushWorkers):
                 on_release=self._on_release,
                 ack_many=ack_each,
             )
-            self._workers = [self._start_worker(i) for i in range(s.rabbitmq_numbers_of_workers)]
-            await self._broker_loop(stop)
+            self._flush_pool.start(self._flusher)
+            tasks.start("broker-loop", partial(self._consuming.run, stop))
+            await stop.wait()
         finally:
+            tasks.close()
             watch_stop.set()
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
-            await self._shutdown(publisher, publisher_stop)
+            await tasks.cancel("queue-watch")
+            await self._shutdown(publisher_stop)
+        if self._consuming.mismatch is not None:
+            raise self._consuming.mismatch
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         """Migrate and open the pool, retrying while the database is not there yet."""
@@ -187,118 +193,50 @@ class Recorder(FlushWorkers):
         self._db_ok = self._pool is not None
         return self._db_ok
 
-    async def _broker_loop(self, stop: asyncio.Event) -> None:
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        quick_cancels = 0  # consumers the broker cancelled soon after they started, in a row
-        connected_before = False
-        while not stop.is_set():
-            connection: aio_pika.abc.AbstractConnection | None = None
-            channel: AbstractChannel | None = None
-            try:
-                connection = await self._nodes.connect()
-                consume_channel = await connection.channel(publisher_confirms=False)
-                await consume_channel.set_qos(prefetch_count=self.settings.channel_prefetch)
-                await declare_or_mismatch(consume_channel, self.topology)
-                channel = await consume_channel.get_underlay_channel()
-                self._connection = connection
-                self._channel = channel
-                if connected_before:
-                    self.metrics.broker_reconnects.inc()
-                connected_before = True
-                attempt = 0
-                self._broker_ok = True
-                self._cancelled_note = None
-                log.info("consuming from %s", self.topology.queue)
-                started = time.monotonic()
-                if await self._wait_and_consume(stop, connection, channel):
-                    # go round: connect, declare the queue again, consume; a broker that keeps
-                    # cancelling at once is met with a growing backoff, not a busy loop
-                    quick = time.monotonic() - started < backoff.cap_s
-                    quick_cancels = quick_cancels + 1 if quick else 0
-                    attempt = quick_cancels
-            except TopologyMismatch:
-                raise
-            except BROKER_ERRORS as exc:
-                log.warning("broker connection to %s failed: %r", self._nodes.where, exc)
-                log.debug("broker failure", exc_info=True)
-            except asyncio.CancelledError:
-                if cancel_requested():
-                    raise
-                log.warning("broker connection given up (no frame within the heartbeat grace)")
-                log.debug("broker failure", exc_info=True)
-            except Exception:  # a surprise from the client library must not end the service
-                log.exception("unexpected error on the broker connection; reconnecting")
-            finally:
-                self._broker_ok = False
-                if channel is not None and not stop.is_set():
-                    self._drop_channel(channel)
-                if connection is not None and not stop.is_set():
-                    with broker_failures_suppressed():
-                        await connection.close()
-                if channel is not None and not stop.is_set():
-                    await unblock_writers(channel)
-            if stop.is_set():
-                break
-            await wait_or_stop(stop, backoff.delay(attempt))
-            attempt += 1
+    def _drop_channel(self, channel: AbstractChannel) -> None:
+        """Forget a dead channel's deliveries, buffered or in batches that wait for a worker:
+        their tags cannot be acked elsewhere, and the broker redelivers them to the next
+        channel. Left queued, each reconnect during a database outage would add a prefetch
+        window to the queue (batches a worker already holds are settled by it as dropped)."""
 
-    async def _wait_and_consume(
-        self,
-        stop: asyncio.Event,
-        connection: aio_pika.abc.AbstractConnection,
-        channel: AbstractChannel,
-    ) -> bool:
-        """Consume (unless intake is paused); return on stop or when the connection dies, or
-        True when the broker cancelled the consumer (Basic.Cancel: its queue was deleted)."""
-        cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        def dead(p: Pending) -> bool:
+            return getattr(p.delivery, "channel", None) is channel
 
-        def on_cancel(frame: spec.Basic.Cancel) -> None:
-            # in the channel's reader (no RPC here); its deliveries die with it, in the loop
-            self._broker_ok = False
-            self._cancelled_note = f"consumer of {self.topology.queue} cancelled by the broker"
-            if not cancelled.done():
-                cancelled.set_result(None)
+        dropped = len(self._collector.drop(dead)) + self._flush_pool.drop(dead)
+        if dropped:
+            self.metrics.messages_dropped.inc(dropped)
+            self.metrics.buffer_messages.dec(dropped)
+            log.info("dropped %d held deliveries of the closed channel", dropped)
 
-        channel.on_consumer_cancel_callbacks.add(on_cancel)
-        await self._start_consuming()
-        closed = asyncio.ensure_future(connection.closed())
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait(
-                {closed, channel.closing, stopped, cancelled}, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            channel.on_consumer_cancel_callbacks.discard(on_cancel)
-            for fut in (closed, stopped):
-                fut.cancel()
-        if not cancelled.done() or stop.is_set():
-            return False
-        log.warning("the broker cancelled our consumer (queue deleted?): declaring it again")
-        return True
+    # -- outages (the flusher's callbacks, and the Intake the pause works through) ----------
 
-    async def _start_consuming(self) -> None:
-        """basic.consume on the current channel, once, and only while intake is allowed."""
-        async with self._consume_lock:
-            channel = self._channel
-            if (
-                not self._intake.is_set()
-                or self._stopping
-                or channel is None
-                or channel.is_closed
-                or self._consumer_tag is not None
-            ):
-                return
-            ok = await channel.basic_consume(self.topology.queue, self._on_message, no_ack=False)
-            self._consumer_tag = ok.consumer_tag
+    def _on_outage(self, down: bool) -> None:
+        self._db_ok = not down
 
-    async def _stop_consuming(self) -> None:
-        async with self._consume_lock:
-            channel, tag = self._channel, self._consumer_tag
-            self._consumer_tag = None
-            if channel is not None and tag is not None and not channel.is_closed:
-                with broker_failures_suppressed():
-                    await channel.basic_cancel(tag)
+    async def _on_release(self) -> None:
+        """A batch was released after a long outage: pause intake until the database is back."""
+        if not self._stopping:
+            self._intake.pause()
+
+    async def stop_consuming(self) -> None:
+        await self._consuming.stop()
+
+    async def start_consuming(self) -> None:
+        await self._consuming.start()
+
+    def take_held(self) -> list[Pending]:
+        return self._collector.drop(lambda p: True) + self._flush_pool.take_all()
+
+    async def release(self, held: list[Pending]) -> None:
+        await self._flush_pool.release(held)
+
+    async def probe(self) -> None:
+        assert self._writer is not None
+        await self._writer.probe()
+
+    def recovered(self) -> None:
+        assert self._flusher is not None
+        self._flusher.recovered()
 
     # -- the hot path -----------------------------------------------------------------------
 
@@ -337,7 +275,7 @@ class Recorder(FlushWorkers):
 
     # -- shutdown -------------------------------------------------------------------------
 
-    async def _shutdown(self, publisher: asyncio.Task[None], publisher_stop: asyncio.Event) -> None:
+    async def _shutdown(self, publisher_stop: asyncio.Event) -> None:
         """Stop intake, flush what is buffered (bounded), settle it, then close in order.
 
         A batch that meets an outage now, and a dead letter still held, are released at once
@@ -345,21 +283,15 @@ class Recorder(FlushWorkers):
         one of their deliveries. The publishing connection closes last.
         """
         self._stopping = True
-        workers = self._workers
+        self._intake.close()
         started = time.monotonic()
-        await self._stop_consuming()
+        await self._consuming.stop(for_good=True)
         self._collector.flush("shutdown")
         self._dead_letterer.stop_holding()
         if self._flusher is not None:
             self._flusher.stop_retrying()
         timeout = self.settings.bulk_recorder_shutdown_timeout_s
-        if workers:
-            try:
-                await asyncio.wait_for(self._batches.join(), timeout)
-            except TimeoutError:
-                log.warning(
-                    "final flush did not finish in time; unacked messages will be redelivered"
-                )
+        await self._flush_pool.drain(timeout)
         held = set(self._settling)
         if self._flusher is not None:
             held.add(asyncio.ensure_future(self._flusher.wait_held()))
@@ -370,22 +302,17 @@ class Recorder(FlushWorkers):
             for fut in pending:
                 fut.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        if self._pause_task is not None:
-            self._pause_task.cancel()
-            await asyncio.gather(self._pause_task, return_exceptions=True)
+        await self._flush_pool.stop()
+        await self._tasks.cancel(PAUSE)
         self._collector.close()
-        connection = self._connection
-        if connection is not None:
-            with broker_failures_suppressed():
-                await close_connection(connection, 10)
+        await self._consuming.close()
         publisher_stop.set()
-        try:
-            await asyncio.wait_for(publisher, 15)
-        except Exception:  # the publisher's own end: a surprise there must not stop the rest
-            log.exception("the publishing connection did not close cleanly")
+        for publisher in self._tasks.tasks("publisher"):
+            try:
+                await asyncio.wait_for(publisher, 15)
+            except Exception:  # the publisher's own end: a surprise there must not stop the rest
+                log.exception("the publishing connection did not close cleanly")
+        await self._tasks.cancel()  # the broker loop ended on stop; nothing else is left
         if self._pool is not None:
             try:
                 await asyncio.wait_for(self._pool.close(), 10)

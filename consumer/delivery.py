@@ -39,7 +39,7 @@ from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp import commands as spec
 
 from bulk_recorder.infra.aiormq_internals import CHANNEL_GONE, write_acks
-from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.backoff import RETRY, Backoff
 from bulk_recorder.infra.broker import cancel_requested
 from bulk_recorder.recorder.flusher import DeadLetterResult, Delivery
 from consumer.publisher import Publisher
@@ -79,7 +79,7 @@ class DeadLetterer:
         self._dead_letter_exchange = dead_letter_exchange
         self._queue = queue
         self.hold_s = hold_s
-        self.backoff = backoff or Backoff(base_s=0.2, cap_s=5.0)
+        self.backoff = backoff or RETRY
         self._stopping = asyncio.Event()
 
     def stop_holding(self) -> None:

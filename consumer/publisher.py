@@ -25,14 +25,13 @@ import aiormq
 from aiormq.abc import AbstractChannel
 from pamqp import commands as spec
 
-from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import (
     BROKER_ERRORS,
     BrokerNodes,
     broker_failures_suppressed,
     cancel_requested,
 )
-from bulk_recorder.infra.db import wait_or_stop
+from bulk_recorder.infra.reconnect import Session, keep_connected
 from consumer.topology import Topology, declare_topology
 
 log = logging.getLogger(__name__)
@@ -66,42 +65,29 @@ class Publisher:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Keep the connection up until ``stop``; declare the topology on every connect."""
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        while not stop.is_set():
-            connection: aio_pika.abc.AbstractConnection | None = None
-            try:
-                connection = await self._nodes.connect(wait_s=10)
-                await self._declare(connection)
-                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-                underlay = await channel.get_underlay_channel()
-                self._connection, self._channel = connection, underlay
-                self._connected.set()
-                attempt = 0
-                log.info("publishing connection up")
-                await _until_closed(connection, underlay, stop)
-                if not stop.is_set():
-                    log.warning("publishing connection or channel closed; reconnecting")
-            except BROKER_ERRORS as exc:
-                log.warning("publishing connection failed: %r", exc)
-            except asyncio.CancelledError:
-                if cancel_requested():
-                    raise
-                log.warning("publishing connection given up (no frame within the heartbeat grace)")
-            except Exception:  # a surprise from the client library must not end the service
-                log.exception("unexpected error on the publishing connection; reconnecting")
-            finally:
-                self._connected.clear()
-                self._channel = None
-                if self._redeclare is not None:
-                    self._redeclare.cancel()
-                if connection is not None:
-                    with broker_failures_suppressed():
-                        await asyncio.wait_for(connection.close(), 10)
-            if stop.is_set():
-                break
-            await wait_or_stop(stop, backoff.delay(attempt))
-            attempt += 1
+        session = Session(self._open, lambda connection: self._hold(connection, stop), self._lost)
+        await keep_connected(self._nodes, session, stop, what="publishing connection", logger=log)
+
+    async def _open(self, connection: aio_pika.abc.AbstractConnection) -> None:
+        await self._declare(connection)
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        underlay = await channel.get_underlay_channel()
+        self._connection, self._channel = connection, underlay
+        self._connected.set()
+        log.info("publishing connection up")
+
+    async def _hold(self, connection: aio_pika.abc.AbstractConnection, stop: asyncio.Event) -> int:
+        assert self._channel is not None
+        await _until_closed(connection, self._channel, stop)
+        if not stop.is_set():
+            log.warning("publishing connection or channel closed; reconnecting")
+        return 0
+
+    async def _lost(self, stopping: bool) -> None:
+        self._connected.clear()
+        self._channel = None
+        if self._redeclare is not None:
+            self._redeclare.cancel()
 
     async def publish(
         self,

@@ -29,8 +29,8 @@ import aio_pika
 import aiormq
 
 from bulk_recorder.infra.broker import BROKER_ERRORS, cancel_requested
-from bulk_recorder.infra.db import wait_or_stop
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.waits import wait_or_stop
 
 log = logging.getLogger(__name__)
 

@@ -6,17 +6,21 @@ Shared by the recorder and the relay, which both start whether or not PostgreSQL
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from bulk_recorder.infra import pg_hosts
-from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import endpoint
 from bulk_recorder.infra.migrate import MigrationRefused, migrate
+from bulk_recorder.infra.waits import wait_or_stop
 
-log = logging.getLogger("bulk_recorder.db")  # the name logs have always carried
+log = logging.getLogger(__name__)
+
+# A connection of its own or one taken from a pool: what the statements run on.
+Connection = asyncpg.Connection | PoolConnectionProxy
 
 # What a database that is away looks like to asyncpg. InternalClientError is what it raises on
 # a pooled connection the server has just terminated.
@@ -33,22 +37,6 @@ DB_ERRORS = (
 # connection whose packets are lost, where the server never sees the statement at all. The
 # recorder takes it from BULK_RECORDER_DB_COMMAND_TIMEOUT_S.
 COMMAND_TIMEOUT_S = 15.0
-
-
-async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep ``seconds``, or less if ``stop`` is set meanwhile."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
-
-
-async def wait_any(*events: asyncio.Event, seconds: float | None = None) -> None:
-    """Until one of ``events`` is set, or ``seconds`` passed."""
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
 
 
 async def keep_session(conn: asyncpg.Connection) -> None:
@@ -87,7 +75,6 @@ async def open_pool_when_ready(
     all (measured: a 300,000-row job relayed at 1,500 rows/s until ANALYZE, 5,000 after);
     ``tried`` is set once the first attempt is over, whatever its outcome.
     """
-    backoff = Backoff(base_s=0.2, cap_s=5.0)
     attempt = 0
     while not stop.is_set():
         try:
@@ -110,6 +97,6 @@ async def open_pool_when_ready(
         finally:
             if tried is not None:
                 tried.set()
-        await wait_or_stop(stop, backoff.delay(attempt))
+        await wait_or_stop(stop, RETRY.delay(attempt))
         attempt += 1
     return None

@@ -22,16 +22,13 @@ import logging
 from collections.abc import Sequence
 from typing import Final
 
-import asyncpg
-from asyncpg.pool import PoolConnectionProxy
-
+from bulk_recorder.infra.db import Connection
 from bulk_recorder.producer.ingest import OutboxRow
 
-log = logging.getLogger("bulk_recorder.job_staging")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 __all__ = ["STAGING_TABLE", "JobStaging"]
 
-Connection = asyncpg.Connection | PoolConnectionProxy
 
 STAGING_TABLE: Final = "bulk_recorder_job_lines"
 _COLUMNS: Final = ("record_id", "body")

@@ -15,17 +15,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from bulk_recorder.infra import pg_hosts
-from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import cancel_requested
-from bulk_recorder.infra.db import DB_ERRORS, wait_or_stop
+from bulk_recorder.infra.db import DB_ERRORS, Connection
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.waits import wait_or_stop
 
-log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried
-
-Connection = asyncpg.Connection | PoolConnectionProxy
+log = logging.getLogger(__name__)
 
 OUTBOX_CHANNEL = "bulk_recorder_outbox"
 OUTBOX_COLUMNS = ("record_type", "record_id", "job_id", "body")
@@ -101,7 +99,6 @@ def record_stats(metrics: Metrics, stats: OutboxStats) -> None:
 
 async def listen(database_url: str, wake: Callable[[], None], stop: asyncio.Event) -> None:
     """LISTEN on its own connection; reconnect when it drops (the poll covers the gap)."""
-    backoff = Backoff(base_s=0.2, cap_s=5.0)
     attempt = 0
     while not stop.is_set():
         conn: asyncpg.Connection | None = None
@@ -135,7 +132,7 @@ async def listen(database_url: str, wake: Callable[[], None], stop: asyncio.Even
                     conn.terminate()
         if stop.is_set():
             break
-        await wait_or_stop(stop, backoff.delay(attempt))
+        await wait_or_stop(stop, RETRY.delay(attempt))
         attempt += 1
 
 

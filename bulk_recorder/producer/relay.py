@@ -37,8 +37,8 @@ Every long-lived task (the lanes, the broker loop, the listener and the stats lo
 failure of what it waits on as an outage, including the ``CancelledError`` that aiormq hands to
 every pending confirm when it gives up on a silent connection (a partition that outlives the
 heartbeat): only a cancellation of the task itself (a shutdown) ends it. A task that ends anyway
-(a bug) is logged, makes :meth:`Relay.ready` false and is started again after a short backoff
-(:mod:`bulk_recorder.producer.relay_tasks`).
+(a bug) is logged, makes :meth:`Relay.ready` false and is started again after a growing backoff
+(:mod:`bulk_recorder.infra.supervisor`).
 """
 
 from __future__ import annotations
@@ -52,29 +52,29 @@ import aio_pika
 import asyncpg
 from aiormq.abc import AbstractChannel
 
-from bulk_recorder.infra.backoff import Backoff
+from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import (
-    BROKER_ERRORS,
     BrokerNodes,
     TopologyMismatch,
     cancel_requested,
 )
-from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready, wait_any, wait_or_stop
+from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready
 from bulk_recorder.infra.errors import renew_if_server_gone
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.reconnect import Session, keep_connected
+from bulk_recorder.infra.supervisor import Supervisor
+from bulk_recorder.infra.waits import wait_any, wait_or_stop
 from bulk_recorder.producer.outbox import listen, outbox_stats, record_stats
 from bulk_recorder.producer.relay_publish import (
     BatchPublisher,
     BatchResult,
     RelayConfig,
-    close_quietly,
 )
-from bulk_recorder.producer.relay_tasks import supervise
 from settings import Settings
 
 __all__ = ["BatchResult", "Relay", "RelayConfig"]
 
-log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 Declare = Callable[[aio_pika.abc.AbstractChannel], Awaitable[None]]
 
@@ -112,7 +112,7 @@ class Relay:
         self._db_ok = False
         self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
         self._halt = asyncio.Event()  # stops the background loops once the lanes are done
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # the supervised tasks, by name
+        self._tasks = Supervisor()  # the long-lived tasks (run() makes one that knows stop)
         self._batches = BatchPublisher(self.config, self.metrics, self.exchange)
         self._failed_rounds = 0  # batches in a row with a nack or a lost confirm
         self._stopping: asyncio.Event | None = None  # run's stop, set on a topology mismatch
@@ -124,7 +124,7 @@ class Relay:
         broker = "up" if self._broker_up.is_set() else "down"
         database = "up" if self._db_ok else "down"
         detail = f"broker {broker}, database {database}"
-        dead = [name for name, task in self._tasks.items() if task.done()]
+        dead = self._tasks.down()
         if dead:
             detail += ", " + ", ".join(f"{name} down" for name in dead)
         return self._broker_up.is_set() and self._db_ok and not dead, detail
@@ -151,35 +151,30 @@ class Relay:
         try:
             if not await self._connect_database(stop):
                 return
-            await supervise(
-                self._tasks,
-                {
-                    "relay-broker": partial(self._broker_loop, halt),
-                    "relay-listen": partial(listen, self.settings.database_url, self.wake, halt),
-                    "relay-stats": partial(self._stats_loop, halt),
-                    **{f"relay-lane-{i}": partial(self._lane, i, stop) for i in range(c.lanes)},
-                },
-                stop,
-            )
+            run = self._tasks = Supervisor(stop)
+            run.start("relay-broker", partial(self._broker_loop, halt))
+            run.start("relay-listen", partial(listen, self.settings.database_url, self.wake, halt))
+            run.start("relay-stats", partial(self._stats_loop, halt))
+            for i in range(c.lanes):
+                run.start(f"relay-lane-{i}", partial(self._lane, i, stop))
+            await stop.wait()
             log.info("relay stopping: finishing the batches in flight")
             # A lane finishes its batch (confirmed and deleted, or rolled back); bounded.
-            lanes = self._lane_tasks()
+            lanes = self._tasks.tasks("relay-lane-")
             if lanes:
                 _, pending = await asyncio.wait(lanes, timeout=c.publish_timeout_s + 5)
                 for task in pending:
                     task.cancel()
         finally:
             halt.set()
-            lanes = self._lane_tasks()
-            for task in lanes:
-                task.cancel()
-            await asyncio.gather(*lanes, return_exceptions=True)
+            self._tasks.close()
+            await self._tasks.cancel("relay-lane-")
             # The broker loop closes its connection on halt; give it a moment, then cancel.
-            tasks = [t for name, t in self._tasks.items() if not name.startswith("relay-lane-")]
-            _, pending = await asyncio.wait(tasks, timeout=15) if tasks else (set(), set())
+            rest = [t for t in self._tasks.tasks() if not t.get_name().startswith("relay-lane-")]
+            _, pending = await asyncio.wait(rest, timeout=15) if rest else (set(), set())
             for task in pending:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*rest, return_exceptions=True)
             if self._pool is not None:
                 try:
                     await asyncio.wait_for(self._pool.close(), 10)
@@ -188,9 +183,6 @@ class Relay:
             log.info("relay stopped")
         if self._mismatch is not None:
             raise self._mismatch
-
-    def _lane_tasks(self) -> list[asyncio.Task[None]]:
-        return [t for name, t in self._tasks.items() if name.startswith("relay-lane-")]
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         self._pool = await open_pool_when_ready(
@@ -203,49 +195,32 @@ class Relay:
         return self._db_ok
 
     async def _broker_loop(self, stop: asyncio.Event) -> None:
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
-        attempt = 0
-        while not stop.is_set():
-            connection: aio_pika.abc.AbstractConnection | None = None
-            try:
-                connection = await self._nodes.connect()
-                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-                if self._declare is not None:
-                    await self._declare(channel)
-                underlay = await channel.get_underlay_channel()
-                self._replace.clear()
-                self._channel = underlay
-                self._broker_up.set()
-                log.info("relay connected to the broker; publishing to %s", self.exchange)
-                self.wake()
-                attempt = await self._hold(connection, underlay, stop)
-            except TopologyMismatch as exc:
-                self._give_up(exc)
-                break
-            except BROKER_ERRORS as exc:
-                log.warning(
-                    "broker at %s not reachable (%r); rows wait in the outbox",
-                    self._nodes.where,
-                    exc,
-                )
-                log.debug("broker failure", exc_info=True)
-            except asyncio.CancelledError:
-                if cancel_requested():
-                    raise
-                # aiormq fails what waits on a connection it gave up on (heartbeat) this way
-                log.warning("broker connection cancelled under us; rows wait in the outbox")
-                log.debug("broker failure", exc_info=True)
-            except Exception:  # a surprise from the client library must not end the relay
-                log.exception("unexpected error on the broker connection; rows wait in the outbox")
-            finally:
-                self._broker_up.clear()
-                self._channel = None
-                if connection is not None:
-                    await close_quietly(connection)
-            if stop.is_set():
-                break
-            await wait_or_stop(stop, backoff.delay(attempt))
-            attempt += 1
+        try:
+            await keep_connected(
+                self._nodes,
+                Session(self._open, lambda connection: self._hold(connection, stop), self._lost),
+                stop,
+                what="relay",
+                logger=log,
+                fatal=(TopologyMismatch,),  # the broker refuses our topology: retrying cannot help
+            )
+        except TopologyMismatch as exc:
+            self._give_up(exc)
+
+    async def _open(self, connection: aio_pika.abc.AbstractConnection) -> None:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        if self._declare is not None:
+            await self._declare(channel)
+        underlay = await channel.get_underlay_channel()
+        self._replace.clear()
+        self._channel = underlay
+        self._broker_up.set()
+        log.info("relay connected to the broker; publishing to %s", self.exchange)
+        self.wake()
+
+    async def _lost(self, stopping: bool) -> None:
+        self._broker_up.clear()
+        self._channel = None
 
     def _give_up(self, mismatch: TopologyMismatch) -> None:
         """The broker refuses our topology: stop the relay; ``run`` raises ``mismatch``."""
@@ -253,14 +228,11 @@ class Relay:
         if self._stopping is not None:
             self._stopping.set()
 
-    async def _hold(
-        self,
-        connection: aio_pika.abc.AbstractConnection,
-        underlay: AbstractChannel,
-        stop: asyncio.Event,
-    ) -> int:
+    async def _hold(self, connection: aio_pika.abc.AbstractConnection, stop: asyncio.Event) -> int:
         """Wait until the connection or channel is lost, a lane asks for them to be replaced,
         or ``stop``; the backoff attempt to go on with (0 after a loss: reconnect at once)."""
+        underlay = self._channel
+        assert underlay is not None
         closed = asyncio.ensure_future(connection.closed())
         stopped = asyncio.ensure_future(stop.wait())
         replace = asyncio.ensure_future(self._replace.wait())
@@ -302,7 +274,6 @@ class Relay:
 
     async def _lane(self, index: int, stop: asyncio.Event) -> None:
         wake = self._wakes[index]
-        backoff = Backoff(base_s=0.2, cap_s=5.0)
         db_failures = 0
         while not stop.is_set():
             if not self._broker_up.is_set():
@@ -316,7 +287,7 @@ class Relay:
                 self._db_ok = False
                 log.warning("outbox batch failed on the database (%s); retrying", exc)
                 await renew_if_server_gone(self._pool, exc)
-                await wait_or_stop(stop, backoff.delay(db_failures))
+                await wait_or_stop(stop, RETRY.delay(db_failures))
                 db_failures += 1
                 continue
             except asyncio.CancelledError:
@@ -324,12 +295,12 @@ class Relay:
                     raise  # a shutdown: the batch rolled back
                 # Not ours: a broker connection aiormq gave up on. The batch rolled back.
                 log.warning("outbox batch cancelled under us (broker lost); its rows stay")
-                await wait_or_stop(stop, backoff.delay(db_failures))
+                await wait_or_stop(stop, RETRY.delay(db_failures))
                 db_failures += 1
                 continue
             except Exception:  # a bug must not silently stop a lane: the batch rolled back
                 log.exception("outbox batch failed unexpectedly; its rows stay and are retried")
-                await wait_or_stop(stop, backoff.delay(db_failures))
+                await wait_or_stop(stop, RETRY.delay(db_failures))
                 db_failures += 1
                 continue
             self._db_ok = True
@@ -343,7 +314,7 @@ class Relay:
                 if self._channel is channel:
                     self._channel = None
                     self._replace.set()
-                await wait_or_stop(stop, backoff.delay(self._failed_rounds))
+                await wait_or_stop(stop, RETRY.delay(self._failed_rounds))
                 continue
             if result.published:
                 self._failed_rounds = 0

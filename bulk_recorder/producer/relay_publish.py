@@ -21,10 +21,11 @@ from bulk_recorder.infra.broker import (
     broker_failures_suppressed,
     cancel_requested,
 )
+from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.producer.outbox import Connection, stamp_published
+from bulk_recorder.producer.outbox import stamp_published
 
-log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 
 APP_ID = "bulk-recorder-relay"

@@ -19,9 +19,7 @@ from typing import Any
 
 from bulk_recorder.records import CreditAnnotation, Operation, Transaction
 from bulk_recorder.records.exact import signed
-
-PG_MAX_PARAMETERS = 65_535
-MAX_ROWS_PER_INSERT = 1_000
+from settings import MAX_ROWS_PER_INSERT, PG_MAX_PARAMETERS
 
 TRANSACTION_COLUMNS = (
     "id",

@@ -36,16 +36,14 @@ from decimal import Decimal
 from typing import Protocol
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
+from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.errors import classify, renew_if_server_gone
 from bulk_recorder.recorder.statements import (
     ANNOTATION_COLUMNS,
     APPLY_BALANCES,
     INSERT_ANNOTATIONS,
-    MAX_ROWS_PER_INSERT,
     OPERATION_COLUMNS,
-    PG_MAX_PARAMETERS,
     RECORD_REPEATS,
     TRANSACTION_COLUMNS,
     WRITE_TRANSACTIONS,
@@ -57,10 +55,10 @@ from bulk_recorder.recorder.statements import (
     transaction_chunks,
 )
 from bulk_recorder.records import CreditAnnotation, Operation, Record, Transaction, exact
+from settings import MAX_ROWS_PER_INSERT, PG_MAX_PARAMETERS
 
-log = logging.getLogger("bulk_recorder.writer")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
-Connection = asyncpg.Connection | PoolConnectionProxy
 
 __all__ = [
     "ANNOTATION_COLUMNS",

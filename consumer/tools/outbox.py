@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from bulk_recorder.infra import pg_hosts
+from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.migrate import migrate
-from bulk_recorder.producer.outbox import Connection, notify
+from bulk_recorder.producer.outbox import notify
 from settings import Settings
 
 # Parked rows are never claimed by a relay, so these locks wait for nobody but another unpark.

@@ -136,7 +136,7 @@ async def test_relay_retries_through_surprising_connect_errors(
         assert response.status_code == 202, response.text
     flaky = Flaky(aio_pika.connect, surprises())
     monkeypatch.setattr(aio_pika, "connect", flaky)
-    with caplog.at_level(logging.WARNING, logger="bulk_recorder.outbox"):
+    with caplog.at_level(logging.WARNING, logger="bulk_recorder"):
         async with running_relay(settings) as relay:
             await wait_for(lambda: relay.published == len(lines), timeout=60)
             assert not relay.task.done()
@@ -164,7 +164,7 @@ async def test_database_connect_retries_through_a_surprise(
 ) -> None:
     flaky = Flaky(migrate, [LookupError("a surprise from the driver")])
     monkeypatch.setattr(db_module, "migrate", flaky)
-    with caplog.at_level(logging.WARNING, logger="bulk_recorder.db"):
+    with caplog.at_level(logging.WARNING, logger="bulk_recorder.infra.db"):
         pool = await db_module.open_pool_when_ready(database_url, max_size=2, stop=asyncio.Event())
     assert pool is not None
     try:
@@ -179,7 +179,7 @@ async def test_relay_stats_loop_survives_a_surprise(make_settings, db, monkeypat
     flaky = Flaky(outbox_stats, [LookupError("a surprise reading the backlog")])
     monkeypatch.setattr(relay_module, "outbox_stats", flaky)
     config = RelayConfig(batch_size=200, poll_interval_s=0.2, stats_interval_s=0.05)
-    with caplog.at_level(logging.WARNING, logger="bulk_recorder.outbox"):
+    with caplog.at_level(logging.WARNING, logger="bulk_recorder"):
         async with running_relay(make_settings(), config) as relay:
             await wait_for(lambda: flaky.calls >= 3, timeout=30)
             assert not relay.task.done()

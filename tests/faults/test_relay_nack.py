@@ -38,7 +38,7 @@ async def test_a_nacked_publish_leaves_the_row_untouched_and_replaces_the_channe
         arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
     )
     await full.bind(broker.topology.exchange, routing_key="#")
-    caplog.set_level(logging.INFO, logger="bulk_recorder.outbox")
+    caplog.set_level(logging.INFO, logger="bulk_recorder")
     config = RelayConfig(batch_size=10, lanes=2, poll_interval_s=0.2, max_attempts=2)
     try:
         async with running_relay(settings, config) as relay:

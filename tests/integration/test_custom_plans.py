@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from bulk_recorder.infra.db import open_pool_when_ready
-from bulk_recorder.producer.outbox import Connection
+from bulk_recorder.infra.db import Connection, open_pool_when_ready
 from bulk_recorder.producer.relay_publish import CLAIM
 
 pytestmark = [pytest.mark.postgres]

@@ -207,7 +207,8 @@ MUTANTS: tuple[Mutant, ...] = (
         path="consumer/app.py",
         old="ack_many=ack_each,",
         new=(
-            "ack_many=lambda ds: ack_each([AmqpDelivery(self._channel or d.channel, d._message,"
+            "ack_many=lambda ds: ack_each([AmqpDelivery(self._consuming.channel or d.channel,"
+            " d._message,"
             " d._dead_letterer) for d in ds]),"
         ),
         promise=BROKER_LOSS,
@@ -447,7 +448,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="broker-cancel-ignored",
-        path="consumer/app.py",
+        path="consumer/consuming.py",
         old="{closed, channel.closing, stopped, cancelled}",
         new="{closed, channel.closing, stopped}",
         promise=BROKER_LOSS,
@@ -495,8 +496,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="relay-retries-a-topology-mismatch",
         path="bulk_recorder/producer/relay.py",
-        old="                self._give_up(exc)\n                break\n",
-        new="                log.warning('broker refused our topology (%r)', exc)\n",
+        old="fatal=(TopologyMismatch,),  # the broker refuses our topology: retrying cannot help",
+        new="fatal=(),",
         promise=BAD_SETTINGS,
         tests=(
             "tests/integration/test_topology.py::"

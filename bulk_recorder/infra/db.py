@@ -14,19 +14,10 @@ import asyncpg
 from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import endpoint
+from bulk_recorder.infra.errors import DB_ERRORS as DB_ERRORS  # its home; re-exported
 from bulk_recorder.infra.migrate import MigrationRefused, migrate
 
 log = logging.getLogger("bulk_recorder.db")  # the name logs have always carried
-
-# What a database that is away looks like to asyncpg. InternalClientError is what it raises on
-# a pooled connection the server has just terminated.
-DB_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
 
 # A held (partitioned) connection is noticed after this long, then retried as an outage. It is
 # asyncpg's client-side command_timeout, not a server-side statement_timeout: it also covers a

@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from bulk_recorder.exceptions import BulkRecorderError
+
 __all__ = [
     "CONTENT_TYPES",
     "CSV_COLUMNS",
@@ -58,7 +60,7 @@ ENCODE_JSON: Final[Callable[[Any], str]] = json.JSONEncoder(
 _RAW_DECODE: Final = json.JSONDecoder().raw_decode
 
 
-class FormatError(ValueError):
+class FormatError(BulkRecorderError, ValueError):
     """The body cannot be split into lines; the whole request is refused (400)."""
 
 

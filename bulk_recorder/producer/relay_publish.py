@@ -16,6 +16,7 @@ import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel
 
+from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.infra.aiormq_internals import publish_batch
 from bulk_recorder.infra.broker import (
     broker_failures_suppressed,
@@ -324,7 +325,7 @@ async def close_quietly(closable: aio_pika.abc.AbstractConnection | AbstractChan
         await asyncio.wait_for(closable.close(), 10)
 
 
-class ChannelRefusal(Exception):
+class ChannelRefusal(BulkRecorderError):
     """The broker closed a channel for a message published alone on it: the message's fault."""
 
     def __init__(self, cause: aiormq.exceptions.ChannelClosed) -> None:
@@ -337,7 +338,7 @@ def _close_text(exc: aiormq.exceptions.ChannelClosed) -> str:
     return " ".join(str(a) for a in exc.args if a is not None) or type(exc).__name__
 
 
-class _ChannelOpenFailed(Exception):
+class _ChannelOpenFailed(BulkRecorderError):
     """Opening a channel failed: not the fault of the row about to be published on it."""
 
 

@@ -320,9 +320,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="bad-setting-exit-code-1",
-        path="consumer/cli.py",
-        old='print(f"bulk-recorder: {exc}", file=sys.stderr)\n        return EXIT_SETTINGS\n',
-        new='print(f"bulk-recorder: {exc}", file=sys.stderr)\n        return 1\n',
+        path="settings.py",
+        old="    exit_code = EXIT_SETTINGS\n",
+        new="    exit_code = 1\n",
         promise=BAD_SETTINGS,
         tests=(
             "tests/faults/test_bad_input.py::test_a_bad_setting_stops_consume_naming_the_variable",

@@ -20,7 +20,8 @@ from asyncpg.pool import PoolConnectionProxy
 from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.broker import cancel_requested
-from bulk_recorder.infra.db import DB_ERRORS, wait_or_stop
+from bulk_recorder.infra.db import wait_or_stop
+from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.infra.metrics import Metrics
 
 log = logging.getLogger("bulk_recorder.outbox")  # the name logs have always carried

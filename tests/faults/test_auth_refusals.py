@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bulk_recorder.producer.api.auth import hash_key
+from bulk_recorder.producer.key_store import hash_key
 from consumer.tools.loadgen import Generator
 from settings import Settings
 from tests.conftest import free_port, wait_for

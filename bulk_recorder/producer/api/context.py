@@ -18,7 +18,7 @@ from bulk_recorder.infra.errors import (
     renew_if_server_gone,
 )
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.producer.api.errors import ApiError
+from bulk_recorder.producer.api.problems import ApiError
 from settings import Settings
 
 log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried

@@ -1,9 +1,11 @@
 """One line for a one-shot command that a service refused or dropped after it started.
 
 ``bulk_recorder.infra.reach`` checks that each service answers before a one-shot command starts. The
-server can still refuse us afterwards (no right to create the database, a pending migration the
-role may not apply) or drop the connection half-way: the operator gets one line naming the
-service and the host (never the password) instead of a traceback, as for every other bad input.
+server can still refuse us afterwards (no right to create the database) or drop the connection
+half-way: the driver's exception becomes one line naming the service and the host (never the
+password) instead of a traceback, as for every other bad input; ``consumer.cli.main`` raises it
+as an ``Unreachable`` (exit 1). Our own refusals (``MigrationRefused``, ``RolesRefused``) carry
+their line and exit code themselves.
 """
 
 from __future__ import annotations

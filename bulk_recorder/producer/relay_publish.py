@@ -298,6 +298,11 @@ class BatchPublisher:
         if parked:
             self.metrics.outbox_parked.inc(parked)
             log.error("parked %d outbox rows after %d refusals", parked, self.config.max_attempts)
+        self._count_kept(lost, lost_error, nacked, unroutable)
+        return BatchResult(len(rows), len(sent), len(refused), lost + nacked + unroutable)
+
+    def _count_kept(self, lost: int, lost_error: str, nacked: int, unroutable: int) -> None:
+        """Count and log the rows that stay in the outbox, none of them by their own fault."""
         if lost:
             self.metrics.outbox_publish_failures.labels(reason="lost").inc(lost)
             log.warning("%d publishes lost their confirm (%s); rows stay", lost, lost_error)
@@ -305,7 +310,6 @@ class BatchPublisher:
             self.metrics.outbox_publish_failures.labels(reason="nacked").inc(nacked)
             log.warning("broker nacked %d publishes; rows stay", nacked)
         _count_unroutable(self.metrics, unroutable)
-        return BatchResult(len(rows), len(sent), len(refused), lost + nacked + unroutable)
 
     async def _refuse(self, conn: Connection, refused: list[int], reasons: list[str]) -> int:
         """Retry the refused rows later, parking those out of attempts; how many were parked."""

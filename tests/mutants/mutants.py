@@ -535,4 +535,16 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_lane_whose_connection_died_with_its_writes_queued_comes_back",
         ),
     ),
+    Mutant(
+        name="error-answer-not-problem-json",
+        path="bulk_recorder/producer/api/problems.py",
+        old="        media_type=PROBLEM_MEDIA_TYPE,\n",
+        new="",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_api_problems.py::"
+            "test_every_error_answer_is_problem_json_with_the_detail_clients_read",
+        ),
+        fast=True,
+    ),
 )

@@ -29,6 +29,7 @@ __all__ = [
     "CLOSE_CONNECTION",
     "PROBLEM_MEDIA_TYPE",
     "REPLAYED_HEADER",
+    "RETRY_AFTER",
     "ApiError",
     "Problem",
     "answer_errors_as_problems",

@@ -57,7 +57,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
     conn = await pg_hosts.connect(settings.database_url)  # every host of the list, as migrate
     try:
         if args.key_command == "create":
-            # ApiKeyRefused (bad name or scope, none to revoke) ends the command in cli.main
+            # an ApiKeyRefused (a bad name or scope: exit 2) ends the command in cli.main
             stored, key = await create_key(conn, args.name, args.scopes or DEFAULT_SCOPES)
             print(
                 f"API key {stored.id} for client {stored.name!r}, scopes "

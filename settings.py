@@ -17,6 +17,8 @@ from urllib.parse import parse_qs, parse_qsl, urlsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
+
 # PostgreSQL's bind-parameter limit per statement (a 16-bit counter in the wire protocol).
 PG_MAX_PARAMETERS = 65_535
 # Hard cap on rows per INSERT statement, whatever the setting says.
@@ -26,8 +28,10 @@ MAX_ROWS_PER_INSERT = 1_000
 DEFAULT_METRICS_PORTS = {"consume": 9464, "relay": 9465}
 
 
-class SettingsError(ValueError):
+class SettingsError(BulkRecorderError, ValueError):
     """A setting is missing or malformed; the message names the environment variable."""
+
+    exit_code = EXIT_SETTINGS
 
 
 class Settings(BaseSettings):

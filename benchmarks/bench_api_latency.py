@@ -47,7 +47,7 @@ from benchmarks.support.machine import cpu_seconds, facts_table, machine_facts, 
 from benchmarks.support.recorder import free_port
 from benchmarks.support.services import temp_database, temp_topology
 from benchmarks.support.stats import emit, progress, save_json, table
-from bulk_recorder.producer.api.auth import create_key
+from bulk_recorder.producer.key_store import create_key
 from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 

@@ -14,10 +14,9 @@ from typing import Any
 
 from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.migrate import migrate
-from bulk_recorder.producer.api.auth import (
+from bulk_recorder.producer.key_store import (
     DEFAULT_SCOPES,
     SCOPES,
-    ApiKeyRefused,
     create_key,
     list_keys,
     revoke_keys,
@@ -58,11 +57,8 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
     conn = await pg_hosts.connect(settings.database_url)  # every host of the list, as migrate
     try:
         if args.key_command == "create":
-            try:
-                stored, key = await create_key(conn, args.name, args.scopes or DEFAULT_SCOPES)
-            except ApiKeyRefused as exc:
-                print(f"bulk-recorder api-key: {exc}", file=sys.stderr)
-                return 2
+            # an ApiKeyRefused (a bad name or scope: exit 2) ends the command in cli.main
+            stored, key = await create_key(conn, args.name, args.scopes or DEFAULT_SCOPES)
             print(
                 f"API key {stored.id} for client {stored.name!r}, scopes "
                 f"{' '.join(stored.scopes)}; it is shown once, store it now:",
@@ -79,12 +75,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
                     f"{k.created_at:%Y-%m-%d %H:%M}{revoked}"
                 )
             return 0
-        try:
-            revoked_keys = await revoke_keys(conn, args.name_or_id)
-        except ApiKeyRefused as exc:
-            print(f"bulk-recorder api-key: {exc}", file=sys.stderr)
-            return 1
-        for k in revoked_keys:
+        for k in await revoke_keys(conn, args.name_or_id):
             print(f"revoked {k.id} (client {k.name!r}, {k.prefix}...)")
         return 0
     finally:

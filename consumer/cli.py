@@ -13,21 +13,25 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bulk_recorder.exceptions import (
+    EXIT_SETTINGS,
+    EXIT_TOPOLOGY,
+    EXIT_UNREACHABLE,
+    BulkRecorderError,
+)
 from bulk_recorder.infra.logs import setup_logging
 from bulk_recorder.infra.reach import Unreachable, check_services, check_tls
 from consumer import api_keys
 from consumer.failures import failure_line
-from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
 from consumer.runner import run_async, with_stop_signals
 from consumer.tools import outbox as outbox_tool
-from settings import Settings, SettingsError, load_settings
+from settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
-EXIT_UNREACHABLE = 1
-EXIT_SETTINGS = 2
-EXIT_TOPOLOGY = 3
+# The exit codes (docs/reference.md); each error class carries its own (bulk_recorder.exceptions).
+__all__ = ["EXIT_SETTINGS", "EXIT_TOPOLOGY", "EXIT_UNREACHABLE", "main"]
 
 # What each one-shot command must reach before it starts; long-running commands retry instead.
 ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
@@ -56,15 +60,10 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.infra.broker import TopologyMismatch
     from consumer.app import Recorder
 
     async def body(stop: asyncio.Event) -> int:
-        try:
-            await Recorder(settings).run(stop)
-        except TopologyMismatch as exc:
-            log.error("%s", exc)
-            return EXIT_TOPOLOGY
+        await Recorder(settings).run(stop)  # a TopologyMismatch ends it: exit 3, in main()
         return 0
 
     return run_async(with_stop_signals(body))
@@ -217,37 +216,35 @@ def _fraction(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"bulk-recorder: {exc}", file=sys.stderr)
-        return EXIT_SETTINGS
+        return _run(args)
+    except BulkRecorderError as exc:  # by class: each carries its exit code
+        log.debug("%s failed", args.command, exc_info=True)
+        print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
     one_shot = args.command in ONE_SHOT_NEEDS
     needs = ONE_SHOT_NEEDS.get(args.command) or LONG_RUNNING_NEEDS.get(args.command, ())
     if needs:
         check = check_services if one_shot else check_tls
-        try:
-            run_async(
-                check(
-                    database_url=settings.database_url if "database" in needs else None,
-                    rabbitmq_url=settings.rabbitmq_url if "broker" in needs else None,
-                )
+        run_async(
+            check(
+                database_url=settings.database_url if "database" in needs else None,
+                rabbitmq_url=settings.rabbitmq_url if "broker" in needs else None,
             )
-        except Unreachable as exc:
-            print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
-            return EXIT_UNREACHABLE
+        )
     try:
         return COMMANDS[args.command](settings.for_role(args.command), args)
-    except PortUnavailable as exc:
-        print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
-        return EXIT_SETTINGS
-    except Exception as exc:
+    except BulkRecorderError:
+        raise
+    except Exception as exc:  # a driver's: a service refused or dropped a one-shot command
         line = failure_line(exc, needs=needs, settings=settings) if one_shot else None
         if line is None:
             raise
-        log.debug("%s failed", args.command, exc_info=True)
-        print(f"bulk-recorder {args.command}: {line}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        raise Unreachable(line) from exc
 
 
 if __name__ == "__main__":  # pragma: no cover

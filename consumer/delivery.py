@@ -38,9 +38,10 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from pamqp import commands as spec
 
-from bulk_recorder.infra.aiormq_internals import CHANNEL_GONE, write_acks
+from bulk_recorder.infra.aiormq_internals import write_acks
 from bulk_recorder.infra.backoff import RETRY, Backoff
 from bulk_recorder.infra.broker import cancel_requested
+from bulk_recorder.infra.errors import CHANNEL_GONE
 from bulk_recorder.recorder.flusher import DeadLetterResult, Delivery
 from consumer.publisher import Publisher
 

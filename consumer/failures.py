@@ -1,36 +1,31 @@
 """One line for a one-shot command that a service refused or dropped after it started.
 
 ``bulk_recorder.infra.reach`` checks that each service answers before a one-shot command starts. The
-server can still refuse us afterwards (no right to create the database, a pending migration the
-role may not apply) or drop the connection half-way: the operator gets one line naming the
-service and the host (never the password) instead of a traceback, as for every other bad input.
+server can still refuse us afterwards (no right to create the database) or drop the connection
+half-way: the driver's exception becomes one line naming the service and the host (never the
+password) instead of a traceback, as for every other bad input; ``consumer.cli.main`` raises it
+as an ``Unreachable`` (exit 1). Our own refusals (``MigrationRefused``, ``RolesRefused``) carry
+their line and exit code themselves.
 """
 
 from __future__ import annotations
 
 import aiormq
-import asyncpg
 
 from bulk_recorder.infra.broker import split_urls
-from bulk_recorder.infra.migrate import MigrationRefused
+from bulk_recorder.infra.errors import CONNECTION_ERRORS, PG_ERRORS
 from bulk_recorder.infra.reach import endpoint, reason
-from bulk_recorder.infra.roles import RolesRefused
 from bulk_recorder.infra.tls import tls_failure_line
 from settings import Settings
-
-_PG_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)
-_CONNECTION_ERRORS = (OSError, TimeoutError, EOFError)
 
 
 def failure_line(exc: BaseException, *, needs: tuple[str, ...], settings: Settings) -> str | None:
     """The line for ``exc``, or None when it is none of a service's doing (a real bug)."""
-    if isinstance(exc, MigrationRefused | RolesRefused):
-        return str(exc)
-    if isinstance(exc, _PG_ERRORS):
+    if isinstance(exc, PG_ERRORS):
         service = "database"
     elif isinstance(exc, aiormq.exceptions.AMQPError):
         service = "broker"
-    elif isinstance(exc, _CONNECTION_ERRORS) and len(needs) == 1:
+    elif isinstance(exc, CONNECTION_ERRORS) and len(needs) == 1:
         service = needs[0]  # only one service to blame
     else:
         return None

@@ -13,11 +13,15 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
+
 log = logging.getLogger(__name__)
 
 
-class PortUnavailable(Exception):
+class PortUnavailable(BulkRecorderError):
     """A listening port cannot be had: the message names the setting, the port and why."""
+
+    exit_code = EXIT_SETTINGS
 
     def __init__(self, variable: str, host: str, port: int, exc: OSError) -> None:
         why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be used ({exc})"

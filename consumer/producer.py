@@ -82,7 +82,6 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.infra.broker import TopologyMismatch
     from bulk_recorder.producer.relay import Relay, RelayConfig
     from consumer.health import HealthServer
     from consumer.runner import run_async, with_stop_signals
@@ -109,10 +108,7 @@ def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
             )
             await health.start()
         try:
-            await relay.run(stop)
-        except TopologyMismatch as exc:
-            log.error("%s", exc)
-            return 3  # as `consume`: retrying cannot help
+            await relay.run(stop)  # a TopologyMismatch ends it: exit 3, as `consume`
         finally:
             if health is not None:
                 await health.stop()

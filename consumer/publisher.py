@@ -26,11 +26,11 @@ from aiormq.abc import AbstractChannel
 from pamqp import commands as spec
 
 from bulk_recorder.infra.broker import (
-    BROKER_ERRORS,
     BrokerNodes,
     broker_failures_suppressed,
     cancel_requested,
 )
+from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.infra.reconnect import Session, keep_connected
 from consumer.topology import Topology, declare_topology
 

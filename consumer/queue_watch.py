@@ -28,7 +28,8 @@ from collections.abc import Callable
 import aio_pika
 import aiormq
 
-from bulk_recorder.infra.broker import BROKER_ERRORS, cancel_requested
+from bulk_recorder.infra.broker import cancel_requested
+from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.waits import wait_or_stop
 

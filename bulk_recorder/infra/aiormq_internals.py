@@ -33,10 +33,11 @@ from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from bulk_recorder.infra.errors import CHANNEL_GONE
+
 log = logging.getLogger("consumer.delivery")  # the name the ack lines have always carried
 
 __all__ = [
-    "CHANNEL_GONE",
     "AckFrames",
     "channel_closing",
     "close_connection",
@@ -44,9 +45,6 @@ __all__ = [
     "unblock_writers",
     "write_acks",
 ]
-
-# What a write on a channel whose connection or channel went away raises.
-CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
 
 
 # -- the lean path's writes into aiormq ------------------------------------------------------

@@ -16,33 +16,22 @@ from collections.abc import Iterator, Sequence
 from urllib.parse import urlsplit
 
 import aio_pika
-import aiormq
+
+from bulk_recorder.exceptions import EXIT_TOPOLOGY, BulkRecorderError
+from bulk_recorder.infra.errors import BROKER_ERRORS
 
 log = logging.getLogger("bulk_recorder.broker")  # the name logs have always carried
 
-# StopAsyncIteration and EOFError: when the peer closes the socket (FIN) right after accepting it,
-# as a proxy or a load balancer with no healthy backend does, aiormq's frame reader finds the
-# stream at EOF before the first frame and raises StopAsyncIteration out of connect(); a close in
-# the middle of a frame surfaces as IncompleteReadError (an EOFError). RuntimeError: aiormq's
-# "connection closed" paths on a channel whose connection has gone.
-BROKER_ERRORS: tuple[type[BaseException], ...] = (
-    aiormq.exceptions.AMQPError,
-    ConnectionError,
-    OSError,
-    TimeoutError,
-    EOFError,
-    StopAsyncIteration,
-    RuntimeError,
-)
 
-
-class TopologyMismatch(Exception):
+class TopologyMismatch(BulkRecorderError):
     """The broker already has our queue or an exchange declared with other arguments.
 
     Retrying cannot help (the broker answers PRECONDITION_FAILED every time): ``consume`` and
     ``relay`` stop with exit code 3 and a message that says which settings must match. Not one
     of :data:`BROKER_ERRORS`, on purpose.
     """
+
+    exit_code = EXIT_TOPOLOGY
 
 
 def cancel_requested() -> bool:

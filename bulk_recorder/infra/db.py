@@ -14,6 +14,7 @@ from asyncpg.pool import PoolConnectionProxy
 from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import endpoint
+from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.infra.migrate import MigrationRefused, migrate
 from bulk_recorder.infra.waits import wait_or_stop
 
@@ -21,16 +22,6 @@ log = logging.getLogger(__name__)
 
 # A connection of its own or one taken from a pool: what the statements run on.
 Connection = asyncpg.Connection | PoolConnectionProxy
-
-# What a database that is away looks like to asyncpg. InternalClientError is what it raises on
-# a pooled connection the server has just terminated.
-DB_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    OSError,
-    TimeoutError,
-)
 
 # A held (partitioned) connection is noticed after this long, then retried as an outage. It is
 # asyncpg's client-side command_timeout, not a server-side statement_timeout: it also covers a

@@ -5,15 +5,54 @@ batch, reject only that row's delivery). Everything else is treated as an outage
 rejected and nothing is dead-lettered; the flush is retried until the database is back. Unknown
 errors count as outages on purpose: dead-lettering good data for a bug or an outage is the one
 thing the service must never do.
+
+The tuples of what a service that is away looks like to its driver live here too, one module for
+every loop and check that must tell "retry later" from a bug: :data:`BROKER_ERRORS`,
+:data:`CHANNEL_GONE`, :data:`DB_ERRORS` (with its two halves, :data:`PG_ERRORS` and
+:data:`CONNECTION_ERRORS`).
 """
 
 from __future__ import annotations
 
 import logging
 
+import aiormq
 import asyncpg
 
+from bulk_recorder.exceptions import BulkRecorderError
+
 log = logging.getLogger("bulk_recorder.errors")  # the name logs have always carried
+
+# What a database that is away looks like to asyncpg. InternalClientError is what it raises on
+# a pooled connection the server has just terminated.
+PG_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+DB_ERRORS = (*PG_ERRORS, OSError, TimeoutError)
+# A connection that failed or was dropped, whichever the service (a one-shot command with one
+# service to blame names that one).
+CONNECTION_ERRORS = (OSError, TimeoutError, EOFError)
+
+# What a broker that is away looks like to aio-pika and aiormq: every loop that connects to
+# RabbitMQ treats these as "reconnect later" rather than as a crash. StopAsyncIteration and
+# EOFError: when the peer closes the socket (FIN) right after accepting it, as a proxy or a load
+# balancer with no healthy backend does, aiormq's frame reader finds the stream at EOF before
+# the first frame and raises StopAsyncIteration out of connect(); a close in the middle of a
+# frame surfaces as IncompleteReadError (an EOFError). RuntimeError: aiormq's "connection
+# closed" paths on a channel whose connection has gone.
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+    EOFError,
+    StopAsyncIteration,
+    RuntimeError,
+)
+# What a write on a channel whose connection or channel went away raises.
+CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
 
 # SQLSTATE classes that mean "this row is wrong": data exception, integrity constraint violation,
 # program limit exceeded (e.g. a value too large for an index row).
@@ -24,7 +63,7 @@ _DATA_CLASSES = ("22", "23", "54")
 _SERVER_GONE = frozenset({"25006", "57P01", "57P02", "57P03"})
 
 
-class DataRejected(Exception):
+class DataRejected(BulkRecorderError):
     """PostgreSQL refused the rows themselves; retrying the same rows cannot succeed."""
 
     def __init__(self, reason: str) -> None:
@@ -32,7 +71,7 @@ class DataRejected(Exception):
         self.reason = reason
 
 
-class TransientDbError(Exception):
+class TransientDbError(BulkRecorderError):
     """The database is unreachable or the transaction failed for a cause that can pass."""
 
 

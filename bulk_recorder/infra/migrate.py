@@ -8,12 +8,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.infra import pg_hosts
 
 log = logging.getLogger("bulk_recorder.migrate")  # the name logs have always carried
 
 
-class MigrationRefused(Exception):
+class MigrationRefused(BulkRecorderError):
     """The schema needs a change that the connected role may not make; the message says what."""
 
 

@@ -14,9 +14,10 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
+from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.infra import pg_hosts
-from bulk_recorder.infra.broker import BROKER_ERRORS, BrokerNodes, split_urls
-from bulk_recorder.infra.db import DB_ERRORS
+from bulk_recorder.infra.broker import BrokerNodes, split_urls
+from bulk_recorder.infra.errors import BROKER_ERRORS, DB_ERRORS
 from bulk_recorder.infra.migrate import maintenance_dsn
 from bulk_recorder.infra.tls import amqp_uses_tls, pg_uses_tls, tls_failure_line
 
@@ -27,7 +28,7 @@ _BROKER_DOWN: tuple[type[BaseException], ...] = (*BROKER_ERRORS, ValueError)
 _DB_DOWN: tuple[type[BaseException], ...] = (*DB_ERRORS, ValueError)
 
 
-class Unreachable(Exception):
+class Unreachable(BulkRecorderError):
     """A service a one-shot command needs cannot be reached; the message is the one line.
 
     ``tls`` is True when the server answered but TLS failed (its certificate refused): a setting

@@ -28,11 +28,11 @@ import aio_pika
 
 from bulk_recorder.infra.backoff import RETRY, Backoff
 from bulk_recorder.infra.broker import (
-    BROKER_ERRORS,
     BrokerNodes,
     broker_failures_suppressed,
     cancel_requested,
 )
+from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.infra.waits import wait_or_stop
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,8 @@ from importlib import resources
 
 import asyncpg
 
+from bulk_recorder.exceptions import BulkRecorderError
+
 log = logging.getLogger("bulk_recorder.roles")  # the name logs have always carried
 
 ROLE_SUFFIXES = ("recorder", "relay", "api")
@@ -23,7 +25,7 @@ ROLE_SUFFIXES = ("recorder", "relay", "api")
 PREFIX_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,53}")
 
 
-class RolesRefused(Exception):
+class RolesRefused(BulkRecorderError):
     """The roles could not be created or granted; the message says what to do."""
 
 

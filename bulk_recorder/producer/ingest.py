@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.producer.parsers import (
     ENCODE_JSON,
     Item,
@@ -33,7 +34,7 @@ from bulk_recorder.records import CreditAnnotation, RecordError, decode
 __all__ = ["JobIntake", "OutboxRow", "TooManyLines", "annotation_body"]
 
 
-class TooManyLines(ValueError):
+class TooManyLines(BulkRecorderError, ValueError):
     """The job has more lines than allowed (413)."""
 
 

@@ -19,7 +19,8 @@ import asyncpg
 from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import cancel_requested
-from bulk_recorder.infra.db import DB_ERRORS, Connection
+from bulk_recorder.infra.db import Connection
+from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.waits import wait_or_stop
 

@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from bulk_recorder.exceptions import BulkRecorderError
+
 __all__ = [
     "CONTENT_TYPES",
     "CSV_COLUMNS",
@@ -58,7 +60,7 @@ ENCODE_JSON: Final[Callable[[Any], str]] = json.JSONEncoder(
 _RAW_DECODE: Final = json.JSONDecoder().raw_decode
 
 
-class FormatError(ValueError):
+class FormatError(BulkRecorderError, ValueError):
     """The body cannot be split into lines; the whole request is refused (400)."""
 
 
@@ -184,6 +186,27 @@ class JsonArrayParser:
             text = text.removeprefix(_BOM)
         return text
 
+    def _element_end(self, text: str, pos: int, *, final: bool) -> int | None:
+        """Where the JSON element at ``pos`` ends; None when the next chunk may continue it."""
+        end_of_text = len(text)
+        try:
+            _, end = _RAW_DECODE(text, pos)
+        except json.JSONDecodeError as exc:
+            if not final and end_of_text - pos <= self._limit:
+                return None  # probably cut by the chunk boundary
+            if final and exc.pos >= end_of_text:
+                raise FormatError(
+                    f"unexpected end of body in element {self._count + 1}: the JSON "
+                    "array is not closed"
+                ) from None
+            raise FormatError(
+                f"element {self._count + 1}: invalid JSON ({exc.msg}) or larger than "
+                f"{self._limit} bytes"
+            ) from None
+        if end == end_of_text and not final:
+            return None  # a number or literal may go on
+        return int(end)
+
     def _drain(self, *, final: bool) -> list[Item]:
         text, pos, end_of_text = self._text, 0, len(self._text)
         out: list[Item] = []
@@ -206,22 +229,9 @@ class JsonArrayParser:
                     pos += 1
                     self._state = "done"
                     continue
-                try:
-                    _, end = _RAW_DECODE(text, pos)
-                except json.JSONDecodeError as exc:
-                    if not final and end_of_text - pos <= self._limit:
-                        break  # probably cut by the chunk boundary: wait for more
-                    if final and exc.pos >= end_of_text:
-                        raise FormatError(
-                            f"unexpected end of body in element {self._count + 1}: the JSON "
-                            "array is not closed"
-                        ) from None
-                    raise FormatError(
-                        f"element {self._count + 1}: invalid JSON ({exc.msg}) or larger than "
-                        f"{self._limit} bytes"
-                    ) from None
-                if end == end_of_text and not final:
-                    break  # a number or literal may go on in the next chunk
+                end = self._element_end(text, pos, final=final)
+                if end is None:
+                    break  # the element may go on in the next chunk: wait for more
                 self._count += 1
                 element = text[pos:end].encode("utf-8", "surrogatepass")
                 if len(element) > self._limit:

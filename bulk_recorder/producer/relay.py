@@ -58,8 +58,8 @@ from bulk_recorder.infra.broker import (
     TopologyMismatch,
     cancel_requested,
 )
-from bulk_recorder.infra.db import DB_ERRORS, open_pool_when_ready
-from bulk_recorder.infra.errors import renew_if_server_gone
+from bulk_recorder.infra.db import open_pool_when_ready
+from bulk_recorder.infra.errors import DB_ERRORS, renew_if_server_gone
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.reconnect import Session, keep_connected
 from bulk_recorder.infra.supervisor import Supervisor

@@ -16,6 +16,7 @@ import aiormq
 import asyncpg
 from aiormq.abc import AbstractChannel
 
+from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.infra.aiormq_internals import publish_batch
 from bulk_recorder.infra.broker import (
     broker_failures_suppressed,
@@ -298,6 +299,11 @@ class BatchPublisher:
         if parked:
             self.metrics.outbox_parked.inc(parked)
             log.error("parked %d outbox rows after %d refusals", parked, self.config.max_attempts)
+        self._count_kept(lost, lost_error, nacked, unroutable)
+        return BatchResult(len(rows), len(sent), len(refused), lost + nacked + unroutable)
+
+    def _count_kept(self, lost: int, lost_error: str, nacked: int, unroutable: int) -> None:
+        """Count and log the rows that stay in the outbox, none of them by their own fault."""
         if lost:
             self.metrics.outbox_publish_failures.labels(reason="lost").inc(lost)
             log.warning("%d publishes lost their confirm (%s); rows stay", lost, lost_error)
@@ -305,7 +311,6 @@ class BatchPublisher:
             self.metrics.outbox_publish_failures.labels(reason="nacked").inc(nacked)
             log.warning("broker nacked %d publishes; rows stay", nacked)
         _count_unroutable(self.metrics, unroutable)
-        return BatchResult(len(rows), len(sent), len(refused), lost + nacked + unroutable)
 
     async def _refuse(self, conn: Connection, refused: list[int], reasons: list[str]) -> int:
         """Retry the refused rows later, parking those out of attempts; how many were parked."""
@@ -325,7 +330,7 @@ async def close_quietly(closable: aio_pika.abc.AbstractConnection | AbstractChan
         await asyncio.wait_for(closable.close(), 10)
 
 
-class ChannelRefusal(Exception):
+class ChannelRefusal(BulkRecorderError):
     """The broker closed a channel for a message published alone on it: the message's fault."""
 
     def __init__(self, cause: aiormq.exceptions.ChannelClosed) -> None:
@@ -338,7 +343,7 @@ def _close_text(exc: aiormq.exceptions.ChannelClosed) -> str:
     return " ".join(str(a) for a in exc.args if a is not None) or type(exc).__name__
 
 
-class _ChannelOpenFailed(Exception):
+class _ChannelOpenFailed(BulkRecorderError):
     """Opening a channel failed: not the fault of the row about to be published on it."""
 
 

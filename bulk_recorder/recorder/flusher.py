@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.errors import DataRejected, TransientDbError
 from bulk_recorder.infra.metrics import Metrics
@@ -105,7 +106,7 @@ AckMany = Callable[[Sequence[Delivery]], Awaitable[int]]
 were acked (the rest belonged to a closed channel)."""
 
 
-class Released(Exception):
+class Released(BulkRecorderError):
     """A transient failure outlasted ``release_after_s``: the batch goes back to the broker."""
 
 

@@ -8,6 +8,8 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, ClassVar, Final, TypeAlias
 
+from bulk_recorder.exceptions import BulkRecorderError
+
 RECORD_TYPES: tuple[str, ...] = ("transaction", "credit_annotation")
 DEFAULT_MAX_BODY_BYTES = 1_048_576
 # jsonb keeps numbers as numeric; beyond this exponent a metadata number is refused here
@@ -27,7 +29,7 @@ ANNOTATION_KINDS: Final = frozenset({"RESTRICTION", "RELEASE"})
 OPERATION_TYPES: Final = frozenset({"DEBIT", "CREDIT"})
 
 
-class RecordError(ValueError):
+class RecordError(BulkRecorderError, ValueError):
     """A message that cannot be decoded or validated.
 
     ``reason`` is short (at most 200 characters), ASCII-only and meant for the

@@ -28,7 +28,7 @@ from typing import Any
 
 from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.migrate import migrate
-from bulk_recorder.producer.api.auth import create_key, revoke_keys
+from bulk_recorder.producer.key_store import create_key, revoke_keys
 from consumer.tools.demo_support import ProgressLine, free_port, http_get
 from consumer.tools.loadgen import Generator
 from settings import Settings

@@ -31,7 +31,8 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
-from bulk_recorder.infra.broker import BROKER_ERRORS, BrokerNodes, endpoint, split_urls
+from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
+from bulk_recorder.infra.errors import BROKER_ERRORS
 from consumer.delivery import (
     ERROR_HEADER,
     ORIGINAL_EXCHANGE_HEADER,

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bulk_recorder.producer.api.auth import hash_key
+from bulk_recorder.producer.key_store import hash_key
 from consumer.tools.loadgen import Generator
 from settings import Settings
 from tests.conftest import free_port, wait_for
@@ -162,6 +162,10 @@ async def test_no_bad_or_revoked_key_is_401_a_missing_scope_403_counted_and_neve
         assert "revoked" in revoked.stdout
         after = await api.http.post(TX, json=gen.transaction(), headers=bearer(good))
         assert_problem(after, 401, invalid, "the API key was revoked")
+        # Nothing left to revoke: one line and exit 1 (a bad name or scope is exit 2).
+        again = cli(settings, "api-key", "revoke", "shop")
+        assert again.returncode == 1, again.stderr
+        assert "bulk-recorder api-key: no live API key has the name or id 'shop'" in again.stderr
 
         expected = {"missing": 3, "malformed": 4, "unknown": 1, "revoked": 1, "scope": 2}
         assert await api.failures() == expected

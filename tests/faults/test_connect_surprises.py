@@ -22,7 +22,7 @@ import uvloop
 
 import bulk_recorder.infra.db as db_module
 import bulk_recorder.producer.relay as relay_module
-from bulk_recorder.infra.broker import BROKER_ERRORS
+from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import outbox_stats
 from bulk_recorder.producer.relay import RelayConfig

@@ -17,7 +17,7 @@ from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.api import create_app
-from bulk_recorder.producer.api.auth import DEFAULT_SCOPES, create_key
+from bulk_recorder.producer.key_store import DEFAULT_SCOPES, create_key
 from bulk_recorder.producer.relay import Relay, RelayConfig
 from bulk_recorder.records import exact
 from consumer.topology import Topology, declare_topology

@@ -21,7 +21,7 @@ from bulk_recorder.producer.job_staging import STAGING_TABLE
 from bulk_recorder.producer.parsers import CSV_COLUMNS
 from consumer.tools.loadgen import Generator
 from tests.conftest import free_port, settings_env, wait_for
-from tests.faults.pg_locks import wait_for_backends_gone
+from tests.faults.pg_locks import backend_pid, wait_for_backends_gone, wait_for_blocked_by
 from tests.integration.producer_support import api_client, ndjson, provision_key
 
 pytestmark = [pytest.mark.postgres]
@@ -249,8 +249,10 @@ async def test_a_database_session_lost_mid_upload_is_503_and_leaves_nothing(
     it, the client gets 503, and the next upload works on a fresh connection.
 
     The server drops a terminated session's temporary table on the backend's way out, which
-    may end after the 503 is sent (pg_terminate_backend only signals). Here that drop is held
-    at a lock until the 503 is in, as a busy machine may hold it."""
+    may end after pg_terminate_backend returns (it only signals). Here that drop is held at a
+    lock, as a busy machine may hold it, and the count waits until the backend is gone. The
+    lock is let go before the upload goes on: a COPY sent to a backend stuck in its exit
+    waits for the pool's command timeout, not for the FATAL, and the 503 with it."""
     monkeypatch.setattr(jobs_module, "COPY_BATCH_ROWS", 5)
     settings = make_settings()
     gen = Generator.create(68)
@@ -268,14 +270,16 @@ async def test_a_database_session_lost_mid_upload_is_503_and_leaves_nothing(
         holder = await db()
         await hold_staging_table(holder)
         assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+        await wait_for_blocked_by(conn, await backend_pid(holder))  # its exit waits for us
+        assert await staging_tables(conn) == 1  # terminated, and its table still there
+        await holder.execute("ROLLBACK")
+        await wait_for_backends_gone(conn, [pid])
+        assert await staging_tables(conn) == 0
         body.release.set()
         response = await asyncio.wait_for(task, 30)
         assert response.status_code == 503, response.text
         assert response.headers["retry-after"] == "1"
         assert await stored(conn) == (0, 0)
-        assert await staging_tables(conn) == 1  # answered; its session is still ending
-        await holder.execute("ROLLBACK")
-        await wait_for_backends_gone(conn, [pid])
         assert await staging_tables(conn) == 0
         again = await client.post(JOBS, content=lines(gen, 3), headers=NDJSON)
         assert again.status_code == 202, again.text

@@ -321,9 +321,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="bad-setting-exit-code-1",
-        path="consumer/cli.py",
-        old='print(f"bulk-recorder: {exc}", file=sys.stderr)\n        return EXIT_SETTINGS\n',
-        new='print(f"bulk-recorder: {exc}", file=sys.stderr)\n        return 1\n',
+        path="settings.py",
+        old="    exit_code = EXIT_SETTINGS\n",
+        new="    exit_code = 1\n",
         promise=BAD_SETTINGS,
         tests=(
             "tests/faults/test_bad_input.py::test_a_bad_setting_stops_consume_naming_the_variable",
@@ -535,5 +535,17 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/faults/test_relay_write_queue.py::"
             "test_a_lane_whose_connection_died_with_its_writes_queued_comes_back",
         ),
+    ),
+    Mutant(
+        name="error-answer-not-problem-json",
+        path="bulk_recorder/producer/api/problems.py",
+        old="        media_type=PROBLEM_MEDIA_TYPE,\n",
+        new="",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_api_problems.py::"
+            "test_every_error_answer_is_problem_json_with_the_detail_clients_read",
+        ),
+        fast=True,
     ),
 )

@@ -10,13 +10,11 @@ import re
 import pytest
 
 from bulk_recorder.infra.metrics import AUTH_FAILURE_REASONS, Metrics
-from bulk_recorder.producer.api.auth import (
-    ANONYMOUS_PRINCIPAL,
+from bulk_recorder.producer.api.auth import ANONYMOUS_PRINCIPAL, AuthError, Principal
+from bulk_recorder.producer.key_store import (
     DEFAULT_SCOPES,
     SCOPES,
     ApiKeyRefused,
-    AuthError,
-    Principal,
     check_scopes,
     generate_key,
     hash_key,

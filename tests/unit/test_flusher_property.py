@@ -345,6 +345,63 @@ steps = st.lists(
 )
 
 
+def _delivered(world: World, step: tuple[Any, ...]) -> Pending:
+    """An "add" step: a new delivery on a channel (poison, or a duplicate of an earlier id)."""
+    _, poison, slot, count, dup = step
+    n = len(world.deliveries)
+    if dup is not None and dup < n and not poison:
+        record_id = world.deliveries[dup].record_id  # same id, another message
+    else:
+        record_id = f"r{n:04d}"
+        if poison:
+            world.writer.poison.add(record_id)
+    tracked = Tracked(n, record_id, count, world.channels[slot])
+    world.deliveries.append(tracked)
+    world.metrics.messages_received.inc()
+    world.metrics.buffer_messages.inc()
+    return Pending(_record(record_id), amqp_delivery(tracked, world.dead_letterer))
+
+
+def _kill_channel(world: World, collector: BulkCollector[Pending], step: tuple[Any, ...]) -> None:
+    """The broker connection died: a new channel takes the slot; the recorder drops (or, if it
+    has not noticed yet, keeps) the dead channel's buffered deliveries."""
+    _, slot, drop = step
+    dead = world.channels[slot]
+    dead.open = False
+    # the new connection's channel has the same number, and tags count from 1 again
+    world.channels[slot] = FakeChannel(dead.number, world)
+    if drop:
+        gone = collector.drop(partial(_on_channel, dead))
+        world.metrics.messages_dropped.inc(len(gone))
+        world.metrics.buffer_messages.dec(len(gone))
+        world.dropped_from_buffer += len(gone)
+
+
+def _apply(
+    world: World, flusher: Flusher, collector: BulkCollector[Pending], step: tuple[Any, ...]
+) -> None:
+    """One step of the plan, before the batches it made are processed."""
+    kind = step[0]
+    if kind == "add":
+        collector.add(_delivered(world, step))
+    elif kind in ("timeout", "shutdown"):
+        collector.flush(kind)
+    elif kind == "transient":
+        world.writer.transient_budget += step[1]
+    elif kind == "ambiguous":
+        world.writer.ambiguous_next = True
+    elif kind == "kill_channel":
+        _kill_channel(world, collector, step)
+    elif kind == "kill_during_write":
+        world.writer.channel_to_kill = world.channels[step[1]]
+    elif kind == "tick":
+        world.clock.now += step[1]
+    elif kind == "probe" and world.writer.transient_budget == 0:
+        flusher.recovered()  # the recorder's database probe succeeded
+    elif kind == "dlq_refuses":
+        world.dlq_refuses = step[1]
+
+
 async def run(world: World, size: int, plan: list[tuple[Any, ...]]) -> Flusher:
     metrics = world.metrics
 
@@ -382,49 +439,7 @@ async def run(world: World, size: int, plan: list[tuple[Any, ...]]) -> Flusher:
         ),
     ):
         for step in plan:
-            kind = step[0]
-            if kind == "add":
-                _, poison, slot, count, dup = step
-                n = len(world.deliveries)
-                if dup is not None and dup < n and not poison:
-                    record_id = world.deliveries[dup].record_id  # same id, another message
-                else:
-                    record_id = f"r{n:04d}"
-                    if poison:
-                        world.writer.poison.add(record_id)
-                tracked = Tracked(n, record_id, count, world.channels[slot])
-                world.deliveries.append(tracked)
-                metrics.messages_received.inc()
-                metrics.buffer_messages.inc()
-                delivery = amqp_delivery(tracked, world.dead_letterer)
-                collector.add(Pending(_record(record_id), delivery))
-            elif kind in ("timeout", "shutdown"):
-                collector.flush(kind)
-            elif kind == "transient":
-                world.writer.transient_budget += step[1]
-            elif kind == "ambiguous":
-                world.writer.ambiguous_next = True
-            elif kind == "kill_channel":
-                # the broker connection died: a new channel takes the slot; the recorder drops
-                # (or, if it has not noticed yet, keeps) the dead channel's buffered deliveries
-                _, slot, drop = step
-                dead = world.channels[slot]
-                dead.open = False
-                # the new connection's channel has the same number, and tags count from 1 again
-                world.channels[slot] = FakeChannel(dead.number, world)
-                if drop:
-                    gone = collector.drop(partial(_on_channel, dead))
-                    metrics.messages_dropped.inc(len(gone))
-                    metrics.buffer_messages.dec(len(gone))
-                    world.dropped_from_buffer += len(gone)
-            elif kind == "kill_during_write":
-                world.writer.channel_to_kill = world.channels[step[1]]
-            elif kind == "tick":
-                world.clock.now += step[1]
-            elif kind == "probe" and world.writer.transient_budget == 0:
-                flusher.recovered()  # the recorder's database probe succeeded
-            elif kind == "dlq_refuses":
-                world.dlq_refuses = step[1]
+            _apply(world, flusher, collector, step)
             await drain()
         world.writer.transient_budget = 0  # the database is back for the final shutdown flush
         world.writer.channel_to_kill = None

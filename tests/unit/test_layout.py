@@ -26,7 +26,9 @@ ADAPTER = "bulk_recorder/infra/aiormq_internals.py"
 # Module prefix -> layer; the longest prefix wins. A module may import its own layer and below.
 LAYERS: dict[str, int] = {
     "settings": 0,
-    "bulk_recorder": 0,  # the package's own __init__: a docstring and a version
+    # the package's own __init__ (a docstring and a version) and bulk_recorder.exceptions (the
+    # base every error of the service derives from, SettingsError included)
+    "bulk_recorder": 0,
     "bulk_recorder.infra": 1,
     "bulk_recorder.records": 2,
     "bulk_recorder.recorder": 3,

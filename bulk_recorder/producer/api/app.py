@@ -21,8 +21,9 @@ Routes (OpenAPI at ``/openapi.json``, browsable at ``/docs``):
 Every ``/v1`` route needs an API key with its scope (:mod:`bulk_recorder.producer.api.auth`: 401
 or 403, problem+json); a client sees only its own jobs and ``Idempotency-Key`` space, while a
 transaction id stays unique in the ledger. Bad input gets a 4xx with a precise ``detail``; an
-unreachable database gets 503 with ``Retry-After``. The broker is not needed to accept work:
-that is what the outbox is for.
+unreachable database gets 503 with ``Retry-After``. Every error answer is
+``application/problem+json`` (:mod:`bulk_recorder.producer.api.problems`). The broker is not
+needed to accept work: that is what the outbox is for.
 """
 
 from __future__ import annotations
@@ -34,19 +35,15 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
+from fastapi import FastAPI
 
 from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.api_docs import serve_docs_offline
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
-from bulk_recorder.producer.api.errors import ApiError
-from bulk_recorder.producer.api.models import CreditAnnotationIn, TransactionIn
+from bulk_recorder.producer.api.models import CreditAnnotationIn, JobRefused, TransactionIn
+from bulk_recorder.producer.api.problems import ApiError, Problem, answer_errors_as_problems
 from bulk_recorder.producer.api.routes import (
     add_job_routes,
     add_operation_routes,
@@ -63,14 +60,15 @@ DEFAULT_MAX_JOB_LINES: Final = 1_000_000
 
 
 class _Api(FastAPI):
-    """FastAPI with the schemas of the raw (decode-validated) request bodies in components."""
+    """FastAPI with the schemas of the raw (decode-validated) request bodies and of the
+    problem+json answers in components."""
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema:
             return self.openapi_schema
         schema = super().openapi()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (TransactionIn, CreditAnnotationIn):
+        for model in (TransactionIn, CreditAnnotationIn, Problem, JobRefused):
             body = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body
@@ -125,7 +123,7 @@ def create_app(
     install(
         app, Authenticator(on=settings.api_auth == "on", metrics=ctx.metrics, db=lambda: ctx.db)
     )
-    _add_error_handlers(app)
+    answer_errors_as_problems(app)
     add_operation_routes(app, ctx)
     add_transaction_routes(app, ctx)
     add_job_routes(app, ctx)
@@ -146,33 +144,6 @@ async def _open_pool(ctx: ApiContext, stop: asyncio.Event, tried: asyncio.Event)
     if ctx.pool is not None:
         mode = "async (outbox, 202)" if settings.rabbitmq_transaction_async else "sync (201)"
         log.info("ingest API ready: transactions %s", mode)
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(
-            {"detail": exc.detail, **exc.extra}, status_code=exc.status, headers=exc.headers
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for error in exc.errors():
-            where = ".".join(str(p) for p in error.get("loc", ()))
-            parts.append(f"{where}: {error.get('msg', 'invalid')}")
-        return JSONResponse({"detail": "; ".join(parts) or "invalid request"}, status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            {"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers
-        )
-
-    @app.exception_handler(ClientDisconnect)
-    async def on_disconnect(_request: Request, _exc: ClientDisconnect) -> Response:
-        log.info("client disconnected before the body was complete; nothing stored")
-        return Response(status_code=400)
 
 
 # -- metrics middleware -------------------------------------------------------------------------

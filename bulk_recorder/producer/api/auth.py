@@ -1,19 +1,14 @@
-"""API keys and the ingest API's authentication: every ``/v1`` request names its client.
+"""The ingest API's request authentication: every ``/v1`` request names its client.
 
-A key is ``brk_`` and 43 URL-safe characters: 32 bytes from :mod:`secrets`. It is shown once,
-when it is made, and only its SHA-256 is stored (table ``api_keys``). A slow password hash
-(bcrypt, scrypt) exists to protect guessable secrets; a 256-bit random key cannot be guessed, so
-a fast hash is as safe and lets each request be checked by one index look-up on the hash.
-
-Clients send ``Authorization: Bearer <key>`` (RFC 6750). A key's *name* is its client: keys made
-under one name share that client's jobs and ``Idempotency-Key`` space, so a client can rotate
-its key (make a second one under its name, switch, revoke the first by id).
+Clients send ``Authorization: Bearer <key>`` (RFC 6750); the key is looked up by its hash in
+``api_keys`` (:mod:`bulk_recorder.producer.key_store`). A key's name is its client.
 
 Scopes: ``transactions:write`` (POST /v1/transactions), ``jobs:write`` (POST a job),
 ``jobs:read`` (GET the client's own jobs) and ``admin`` (GET every client's jobs; it grants no
 writes). A missing, malformed, unknown or revoked key is 401, a key without the endpoint's scope
-403; both answer ``application/problem+json`` (RFC 9457) with ``WWW-Authenticate``, are counted
-in ``bulk_recorder_api_auth_failures_total{reason}`` and logged without the key.
+403; both answer ``application/problem+json`` (RFC 9457, :mod:`.problems`) with
+``WWW-Authenticate``, are counted in ``bulk_recorder_api_auth_failures_total{reason}`` and
+logged without the key.
 
 ``API_AUTH=off`` (local demos only) makes every request the anonymous client ``''`` with every
 scope.
@@ -21,189 +16,40 @@ scope.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
-import secrets
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final
 
 import asyncpg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
 
+from bulk_recorder.exceptions import BulkRecorderError
+from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.producer.api.problems import RETRY_AFTER, problem, problem_responses
+from bulk_recorder.producer.key_store import ADMIN, ANONYMOUS, KEY_RE, SCOPES, Scope, find_key
 
 log = logging.getLogger("bulk_recorder.auth")  # the name logs have always carried
 
 __all__ = [
-    "ADMIN",
-    "ANONYMOUS",
+    "ANONYMOUS_PRINCIPAL",
     "AUTH_RESPONSES",
-    "DEFAULT_SCOPES",
-    "SCOPES",
-    "ApiKey",
-    "ApiKeyRefused",
     "AuthError",
+    "AuthUnavailable",
     "Authenticator",
     "JobReader",
     "JobWriter",
     "Principal",
     "TransactionWriter",
-    "create_key",
-    "generate_key",
-    "hash_key",
     "install",
-    "list_keys",
     "require",
-    "revoke_keys",
 ]
 
-Scope = Literal["transactions:write", "jobs:write", "jobs:read", "admin"]
-SCOPES: Final[tuple[Scope, ...]] = ("transactions:write", "jobs:write", "jobs:read", "admin")
-ADMIN: Final = "admin"
-# What `api-key create` grants when no --scope is given: a client's own work, no admin.
-DEFAULT_SCOPES: Final[tuple[Scope, ...]] = ("transactions:write", "jobs:write", "jobs:read")
-# The client of API_AUTH=off, and of rows written before keys existed; no key name is empty.
-ANONYMOUS: Final = ""
-
-KEY_PREFIX: Final = "brk_"
-_KEY_RE: Final = re.compile(r"brk_[A-Za-z0-9_-]{43}")
-_SHOWN_PREFIX_LEN: Final = 12  # "brk_" and 8 random characters: enough to recognise a key
-NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 REALM: Final = "bulk-recorder"
-
-_DB_ERRORS = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.InternalClientError,
-    OSError,
-    TimeoutError,
-)
-
-
-# -- keys -------------------------------------------------------------------------------------
-
-
-def generate_key() -> str:
-    """A new key: ``brk_`` and 32 random bytes, URL-safe base64 (256 bits)."""
-    return KEY_PREFIX + secrets.token_urlsafe(32)
-
-
-def hash_key(key: str) -> bytes:
-    """What is stored and looked up: SHA-256 of the key."""
-    return hashlib.sha256(key.encode("ascii")).digest()
-
-
-@dataclass(frozen=True)
-class ApiKey:
-    """A stored key, without its secret."""
-
-    id: uuid.UUID
-    name: str
-    prefix: str
-    scopes: tuple[str, ...]
-    created_at: datetime
-    revoked_at: datetime | None
-
-    @classmethod
-    def from_row(cls, row: asyncpg.Record) -> ApiKey:
-        return cls(
-            id=row["id"],
-            name=row["name"],
-            prefix=row["prefix"],
-            scopes=tuple(row["scopes"]),
-            created_at=row["created_at"],
-            revoked_at=row["revoked_at"],
-        )
-
-
-class ApiKeyRefused(ValueError):
-    """A key cannot be made or revoked as asked (bad name or scope, nothing to revoke)."""
-
-
-def check_scopes(scopes: Iterable[str]) -> tuple[Scope, ...]:
-    """The scopes in their canonical order; :class:`ApiKeyRefused` names any unknown one."""
-    wanted = set(scopes)
-    unknown = sorted(wanted.difference(SCOPES))
-    if unknown:
-        raise ApiKeyRefused(f"unknown scope {', '.join(unknown)}; scopes are {', '.join(SCOPES)}")
-    if not wanted:
-        raise ApiKeyRefused("a key needs at least one scope")
-    return tuple(s for s in SCOPES if s in wanted)
-
-
-_KEY_COLUMNS = "id, name, prefix, scopes, created_at, revoked_at"
-
-
-async def create_key(
-    conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy,
-    name: str,
-    scopes: Iterable[str] = DEFAULT_SCOPES,
-) -> tuple[ApiKey, str]:
-    """Store a new key for client ``name``; returns it and the key itself (never stored)."""
-    if not NAME_RE.fullmatch(name):
-        raise ApiKeyRefused(
-            f"name {name!r} must be 1 to 64 characters: letters, digits, '.', '_', '-', "
-            "starting with a letter or digit"
-        )
-    granted = check_scopes(scopes)
-    key = generate_key()
-    row = await conn.fetchrow(
-        f"INSERT INTO api_keys (id, name, key_hash, prefix, scopes) VALUES ($1, $2, $3, $4, $5)"
-        f" RETURNING {_KEY_COLUMNS}",
-        uuid.uuid4(),
-        name,
-        hash_key(key),
-        key[:_SHOWN_PREFIX_LEN],
-        list(granted),
-    )
-    assert row is not None
-    return ApiKey.from_row(row), key
-
-
-async def list_keys(conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy) -> list[ApiKey]:
-    rows = await conn.fetch(f"SELECT {_KEY_COLUMNS} FROM api_keys ORDER BY name, created_at")
-    return [ApiKey.from_row(r) for r in rows]
-
-
-async def revoke_keys(
-    conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy, name_or_id: str
-) -> list[ApiKey]:
-    """Revoke one key (by id) or every live key of a client (by name); returns those revoked.
-    :class:`ApiKeyRefused` when there is no live key to revoke."""
-    try:
-        key_id: uuid.UUID | None = uuid.UUID(name_or_id)
-    except ValueError:
-        key_id = None
-    rows = await conn.fetch(
-        f"UPDATE api_keys SET revoked_at = clock_timestamp()"
-        f" WHERE revoked_at IS NULL AND (id = $1 OR ($1 IS NULL AND name = $2))"
-        f" RETURNING {_KEY_COLUMNS}",
-        key_id,
-        name_or_id,
-    )
-    if not rows:
-        raise ApiKeyRefused(f"no live API key has the name or id {name_or_id!r}")
-    return [ApiKey.from_row(r) for r in rows]
-
-
-async def find_key(
-    conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy, key: str
-) -> ApiKey | None:
-    """The stored key whose hash matches ``key`` (revoked or not), or None."""
-    row = await conn.fetchrow(
-        f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE key_hash = $1", hash_key(key)
-    )
-    return None if row is None else ApiKey.from_row(row)
-
-
-# -- requests ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -226,7 +72,7 @@ class Principal:
 ANONYMOUS_PRINCIPAL: Final = Principal(ANONYMOUS, frozenset(SCOPES))
 
 
-class AuthError(Exception):
+class AuthError(BulkRecorderError):
     """A refused request: 401 (``reason`` missing, malformed, unknown, revoked) or 403 (scope)."""
 
     def __init__(
@@ -250,42 +96,17 @@ class AuthError(Exception):
         return f'Bearer realm="{REALM}", error="invalid_token"'
 
 
-class AuthUnavailable(Exception):
+class AuthUnavailable(BulkRecorderError):
     """The key store (the database) did not answer: 503, the client retries."""
 
 
-def problem(
-    status: int, title: str, detail: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    """An ``application/problem+json`` answer (RFC 9457)."""
-    return JSONResponse(
-        {"type": "about:blank", "title": title, "status": status, "detail": detail},
-        status_code=status,
-        headers=headers,
-        media_type="application/problem+json",
-    )
-
-
-class AuthProblem(BaseModel):
-    """An ``application/problem+json`` body (RFC 9457)."""
-
-    type: str = "about:blank"
-    title: str
-    status: int
-    detail: str
-
-
 # For the OpenAPI document of every /v1 route.
-AUTH_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
-    401: {
-        "description": "no API key, or a malformed, unknown or revoked one",
-        "content": {"application/problem+json": {"schema": AuthProblem.model_json_schema()}},
-    },
-    403: {
-        "description": "the API key lacks the scope this endpoint needs",
-        "content": {"application/problem+json": {"schema": AuthProblem.model_json_schema()}},
-    },
-}
+AUTH_RESPONSES: Final[dict[int | str, dict[str, Any]]] = problem_responses(
+    {
+        401: "no API key, or a malformed, unknown or revoked one",
+        403: "the API key lacks the scope this endpoint needs",
+    }
+)
 
 
 _bearer = HTTPBearer(
@@ -311,12 +132,12 @@ class Authenticator:
             raise AuthError("missing", "an API key is required: Authorization: Bearer <key>")
         scheme, _, token = header.partition(" ")
         token = token.strip()
-        if scheme.lower() != "bearer" or not _KEY_RE.fullmatch(token):
+        if scheme.lower() != "bearer" or not KEY_RE.fullmatch(token):
             raise AuthError("malformed", "the Authorization header must be Bearer <API key>")
         try:
             async with self._db().acquire(timeout=10) as conn:
                 found = await find_key(conn, token)
-        except _DB_ERRORS as exc:
+        except DB_ERRORS as exc:
             log.warning("API key look-up failed: %s", exc)
             raise AuthUnavailable() from None
         if found is None:
@@ -338,9 +159,7 @@ class Authenticator:
             request.url.path,
             peer,
         )
-        title = "Forbidden" if exc.status == 403 else "Unauthorized"
-        headers = {"WWW-Authenticate": exc.www_authenticate()}
-        return problem(exc.status, title, exc.detail, headers)
+        return problem(exc.status, exc.detail, headers={"WWW-Authenticate": exc.www_authenticate()})
 
 
 def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
@@ -383,12 +202,7 @@ def install(app: FastAPI, authenticator: Authenticator) -> None:
         return authenticator.refused(request, exc)
 
     async def on_unavailable(_request: Request, _exc: Exception) -> JSONResponse:
-        return problem(
-            503,
-            "Service Unavailable",
-            "database unavailable; retry later",
-            {"Retry-After": "1"},
-        )
+        return problem(503, "database unavailable; retry later", headers=dict(RETRY_AFTER))
 
     app.add_exception_handler(AuthError, on_auth_error)
     app.add_exception_handler(AuthUnavailable, on_unavailable)

@@ -14,7 +14,7 @@ from typing import Final
 
 from fastapi import Request
 
-from bulk_recorder.producer.api.errors import CLOSE_CONNECTION, ApiError
+from bulk_recorder.producer.api.problems import CLOSE_CONNECTION, ApiError
 from settings import Settings
 
 log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried

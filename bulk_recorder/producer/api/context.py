@@ -18,7 +18,7 @@ from bulk_recorder.infra.errors import (
     renew_if_server_gone,
 )
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.producer.api.errors import ApiError
+from bulk_recorder.producer.api.problems import RETRY_AFTER, ApiError
 from settings import Settings
 
 log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
@@ -43,7 +43,7 @@ class ApiContext:
     @property
     def db(self) -> asyncpg.Pool:
         if self.pool is None:
-            raise ApiError(503, "database unavailable; retry later", headers={"Retry-After": "1"})
+            raise ApiError(503, "database unavailable; retry later", headers=dict(RETRY_AFTER))
         return self.pool
 
 
@@ -56,4 +56,4 @@ async def db_failure(ctx: ApiContext, exc: BaseException) -> ApiError:
         return ApiError(status, f"refused by the database: {err.reason}")
     log.warning("database unavailable: %s", err)
     log.debug("database failure", exc_info=exc)
-    return ApiError(503, "database unavailable; retry later", headers={"Retry-After": "1"})
+    return ApiError(503, "database unavailable; retry later", headers=dict(RETRY_AFTER))

@@ -18,8 +18,8 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from bulk_recorder.infra.db import DB_ERRORS
 from bulk_recorder.infra.errors import (
+    DB_ERRORS,
     DataRejected,
     TransientDbError,
 )
@@ -27,15 +27,15 @@ from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.producer.api.auth import Principal
 from bulk_recorder.producer.api.body import body_chunks, check_declared_length
 from bulk_recorder.producer.api.context import ApiContext, db_failure
-from bulk_recorder.producer.api.errors import (
+from bulk_recorder.producer.api.job_status import JOB_BY_ID, JobStatus
+from bulk_recorder.producer.api.job_status import job_status as build_job_status
+from bulk_recorder.producer.api.models import JobAccepted, LineRejection
+from bulk_recorder.producer.api.problems import (
     CLOSE_CONNECTION,
     REPLAYED_HEADER,
     ApiError,
     json_response,
 )
-from bulk_recorder.producer.api.job_status import JOB_BY_ID, JobStatus
-from bulk_recorder.producer.api.job_status import job_status as build_job_status
-from bulk_recorder.producer.api.models import JobAccepted, LineRejection
 from bulk_recorder.producer.ingest import JobIntake, TooManyLines
 from bulk_recorder.producer.job_staging import JobStaging
 from bulk_recorder.producer.outbox import notify

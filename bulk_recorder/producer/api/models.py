@@ -11,6 +11,8 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
+from bulk_recorder.producer.api.problems import Problem
+
 Amount = Annotated[
     str | int,
     Field(
@@ -61,10 +63,6 @@ class CreditAnnotationIn(BaseModel):
     reason: str | None = None
 
 
-class Problem(BaseModel):
-    detail: str
-
-
 class TransactionAccepted(BaseModel):
     id: str
     status: Literal["accepted", "recorded"] = Field(
@@ -93,6 +91,8 @@ class JobAccepted(BaseModel):
 
 
 class JobRefused(Problem):
+    """422 for a job with no valid line: a problem, and the rejected lines as extension members."""
+
     rejected: int
     rejections: list[LineRejection]
     rejections_truncated: bool

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Annotated, cast
+from typing import Annotated, Any, Final, cast
 
 from fastapi import FastAPI, Header, Path, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from bulk_recorder.infra.db import DB_ERRORS
+from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.producer.api.auth import AUTH_RESPONSES, JobReader, JobWriter, TransactionWriter
 from bulk_recorder.producer.api.body import checked_idempotency_key, media_type_of, read_limited
 from bulk_recorder.producer.api.context import ApiContext
-from bulk_recorder.producer.api.errors import ApiError, json_response
 from bulk_recorder.producer.api.job_status import JobStatus
 from bulk_recorder.producer.api.jobs import accept_job, job_status
 from bulk_recorder.producer.api.models import (
@@ -24,16 +23,54 @@ from bulk_recorder.producer.api.models import (
     JOB_BODY,
     TRANSACTION_BODY,
     JobAccepted,
-    JobRefused,
-    Problem,
     TransactionAccepted,
 )
+from bulk_recorder.producer.api.problems import ApiError, json_response, problem_responses
 from bulk_recorder.producer.api.transactions import accept_transaction
 from bulk_recorder.producer.outbox import outbox_stats, record_stats
 from bulk_recorder.producer.parsers import CONTENT_TYPES
 from bulk_recorder.records import RecordError, Transaction, decode
 
 log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+
+# Each route's error answers in the OpenAPI document: problem+json, with their causes.
+TRANSACTION_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
+    **problem_responses(
+        {
+            400: "a malformed Idempotency-Key",
+            409: "the id was accepted with other content",
+            413: None,
+            415: None,
+            422: "invalid transaction, or key reused",
+            503: "the database is unreachable",
+        }
+    ),
+    **AUTH_RESPONSES,
+}
+JOB_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
+    **problem_responses(
+        {
+            400: "the body cannot be split into lines",
+            408: "the body came too slowly",
+            413: None,
+            415: None,
+            422: "no line is valid, or key reused",
+            503: "the database is unreachable",
+        },
+        schemas={422: "JobRefused"},
+    ),
+    **AUTH_RESPONSES,
+}
+JOB_STATUS_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
+    **problem_responses(
+        {
+            404: "no such job, or another client's job",
+            422: "the id is not a UUID",
+            503: "the database is unreachable",
+        }
+    ),
+    **AUTH_RESPONSES,
+}
 
 
 def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
@@ -48,7 +85,12 @@ def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
         "/readyz",
         response_class=PlainTextResponse,
         tags=["operations"],
-        responses={503: {"description": "database unreachable"}},
+        responses={
+            503: {
+                "description": "database unreachable (a probe: plain text, as every role's)",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
     )
     async def readyz() -> Response:
         """Ready to accept work: the database answers (the broker is not needed)."""
@@ -83,13 +125,7 @@ def add_transaction_routes(app: FastAPI, ctx: ApiContext) -> None:
         openapi_extra=TRANSACTION_BODY,
         responses={
             201: {"model": TransactionAccepted, "description": "recorded (sync mode)"},
-            400: {"model": Problem},
-            409: {"model": Problem, "description": "the id was accepted with other content"},
-            413: {"model": Problem},
-            415: {"model": Problem},
-            422: {"model": Problem, "description": "invalid transaction, or key reused"},
-            503: {"model": Problem},
-            **AUTH_RESPONSES,
+            **TRANSACTION_ERRORS,
         },
     )
     async def post_transaction(
@@ -124,12 +160,7 @@ def add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
         response_model=JobAccepted,
         openapi_extra=JOB_BODY,
         responses={
-            400: {"model": Problem, "description": "the body cannot be split into lines"},
-            413: {"model": Problem},
-            415: {"model": Problem},
-            422: {"model": JobRefused, "description": "no line is valid"},
-            503: {"model": Problem},
-            **AUTH_RESPONSES,
+            **JOB_ERRORS,
         },
     )
     async def post_job(
@@ -157,10 +188,7 @@ def add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
         tags=["credit annotation jobs"],
         response_model=JobStatus,
         responses={
-            404: {"model": Problem, "description": "no such job, or another client's job"},
-            422: {"model": Problem},
-            503: {"model": Problem},
-            **AUTH_RESPONSES,
+            **JOB_STATUS_ERRORS,
         },
     )
     async def get_job(

@@ -10,16 +10,16 @@ from typing import Literal, cast
 import asyncpg
 from fastapi.responses import Response
 
-from bulk_recorder.infra.db import DB_ERRORS
 from bulk_recorder.infra.errors import (
+    DB_ERRORS,
     DataRejected,
     TransientDbError,
 )
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.body import canonical_hash
 from bulk_recorder.producer.api.context import ApiContext, db_failure
-from bulk_recorder.producer.api.errors import REPLAYED_HEADER, ApiError, json_response
 from bulk_recorder.producer.api.models import TransactionAccepted
+from bulk_recorder.producer.api.problems import REPLAYED_HEADER, ApiError, json_response
 from bulk_recorder.producer.outbox import enqueue, notify
 from bulk_recorder.recorder.writer import PgWriter, WriteResult
 from bulk_recorder.records import Transaction

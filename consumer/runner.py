@@ -8,7 +8,7 @@ import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-log = logging.getLogger("consumer.cli")  # the name these lines have always been logged under
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

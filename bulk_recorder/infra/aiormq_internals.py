@@ -35,7 +35,7 @@ from pamqp.header import ContentHeader
 
 from bulk_recorder.infra.errors import CHANNEL_GONE
 
-log = logging.getLogger("consumer.delivery")  # the name the ack lines have always carried
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AckFrames",

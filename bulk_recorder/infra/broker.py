@@ -20,7 +20,7 @@ import aio_pika
 from bulk_recorder.exceptions import EXIT_TOPOLOGY, BulkRecorderError
 from bulk_recorder.infra.errors import BROKER_ERRORS
 
-log = logging.getLogger("bulk_recorder.broker")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 
 class TopologyMismatch(BulkRecorderError):

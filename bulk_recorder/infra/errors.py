@@ -21,7 +21,7 @@ import asyncpg
 
 from bulk_recorder.exceptions import BulkRecorderError
 
-log = logging.getLogger("bulk_recorder.errors")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 # What a database that is away looks like to asyncpg. InternalClientError is what it raises on
 # a pooled connection the server has just terminated.

@@ -11,7 +11,7 @@ import asyncpg
 from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.infra import pg_hosts
 
-log = logging.getLogger("bulk_recorder.migrate")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 
 class MigrationRefused(BulkRecorderError):

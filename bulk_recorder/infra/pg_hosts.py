@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
-log = logging.getLogger("bulk_recorder.pg_hosts")  # the name its logs carried before the move
+log = logging.getLogger(__name__)
 
 DEFAULT_HOST_TIMEOUT_S = 5.0
 

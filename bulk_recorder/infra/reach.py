@@ -21,7 +21,7 @@ from bulk_recorder.infra.errors import BROKER_ERRORS, DB_ERRORS
 from bulk_recorder.infra.migrate import maintenance_dsn
 from bulk_recorder.infra.tls import amqp_uses_tls, pg_uses_tls, tls_failure_line
 
-log = logging.getLogger("consumer.reach")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
 _BROKER_DOWN: tuple[type[BaseException], ...] = (*BROKER_ERRORS, ValueError)

@@ -17,7 +17,7 @@ import asyncpg
 
 from bulk_recorder.exceptions import BulkRecorderError
 
-log = logging.getLogger("bulk_recorder.roles")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 ROLE_SUFFIXES = ("recorder", "relay", "api")
 # A plain lower-case identifier, so that the role names need no quoting anywhere; PostgreSQL

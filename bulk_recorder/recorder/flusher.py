@@ -33,7 +33,7 @@ from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.recorder.writer import Writer, WriteResult
 from bulk_recorder.records import Record
 
-log = logging.getLogger("bulk_recorder.flusher")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 
 class DeadLetterResult(enum.Enum):

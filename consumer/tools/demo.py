@@ -28,7 +28,7 @@ from consumer.tools.loadgen import Generator, LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
-log = logging.getLogger("consumer.demo")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 DUPLICATES = 0.05
 INVALID = 0.002

@@ -33,7 +33,7 @@ from consumer.tools.demo_support import ProgressLine, free_port, http_get
 from consumer.tools.loadgen import Generator
 from settings import Settings
 
-log = logging.getLogger("consumer.demo_api")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 INVALID_EVERY = 500  # one invalid line in 500 (0.2%)
 

@@ -42,7 +42,7 @@ from consumer.delivery import (
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
-log = logging.getLogger("consumer.dlq")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 REPLAY_HEADER = "x-bulk-recorder-replays"
 # Headers that describe the message's death, not the message: dropped on replay.

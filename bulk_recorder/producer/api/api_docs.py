@@ -22,7 +22,7 @@ from fastapi.openapi.docs import (
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-log = logging.getLogger("bulk_recorder.api_docs")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 __all__ = ["ASSETS_URL", "DOCS_URL", "REDOC_URL", "serve_docs_offline"]
 

@@ -51,7 +51,7 @@ from bulk_recorder.producer.api.routes import (
 )
 from settings import Settings
 
-log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 __all__ = ["ApiError", "create_app"]
 

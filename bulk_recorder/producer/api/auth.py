@@ -33,7 +33,7 @@ from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.problems import RETRY_AFTER, problem, problem_responses
 from bulk_recorder.producer.key_store import ADMIN, ANONYMOUS, KEY_RE, SCOPES, Scope, find_key
 
-log = logging.getLogger("bulk_recorder.auth")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ANONYMOUS_PRINCIPAL",

@@ -17,7 +17,7 @@ from fastapi import Request
 from bulk_recorder.producer.api.problems import CLOSE_CONNECTION, ApiError
 from settings import Settings
 
-log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 MAX_IDEMPOTENCY_KEY_LEN: Final = 255
 

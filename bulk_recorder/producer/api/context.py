@@ -21,7 +21,7 @@ from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.problems import RETRY_AFTER, ApiError
 from settings import Settings
 
-log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 
 @dataclass

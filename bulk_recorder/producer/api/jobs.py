@@ -41,7 +41,7 @@ from bulk_recorder.producer.job_staging import JobStaging
 from bulk_recorder.producer.outbox import notify
 from bulk_recorder.producer.parsers import FormatError, parser_for
 
-log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 COPY_BATCH_ROWS: Final = 5_000  # accepted lines staged per COPY
 FEED_SLICE_BYTES: Final = 16_384  # ~60 annotation lines, ~1 ms of validation

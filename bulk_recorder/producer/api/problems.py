@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from bulk_recorder.exceptions import BulkRecorderError
 
-log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CLOSE_CONNECTION",

@@ -31,7 +31,7 @@ from bulk_recorder.producer.outbox import outbox_stats, record_stats
 from bulk_recorder.producer.parsers import CONTENT_TYPES
 from bulk_recorder.records import RecordError, Transaction, decode
 
-log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 # Each route's error answers in the OpenAPI document: problem+json, with their causes.
 TRANSACTION_ERRORS: Final[dict[int | str, dict[str, Any]]] = {

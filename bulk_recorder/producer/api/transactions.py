@@ -24,7 +24,7 @@ from bulk_recorder.producer.outbox import enqueue, notify
 from bulk_recorder.recorder.writer import PgWriter, WriteResult
 from bulk_recorder.records import Transaction
 
-log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
+log = logging.getLogger(__name__)
 
 _INSERT_REQUEST = """
 INSERT INTO transaction_requests (transaction_id, idempotency_key, request_hash, mode, status_code,

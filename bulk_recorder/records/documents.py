@@ -17,7 +17,6 @@ arithmetic but are placeholders, so they are rejected.
 
 from __future__ import annotations
 
-import re
 from operator import mul
 from typing import Final
 
@@ -27,13 +26,10 @@ CPF: Final = "CPF"
 CNPJ: Final = "CNPJ"
 
 # Punctuation accepted (and dropped) in formatted documents, e.g. "12.ABC.345/01DE-35".
-_STRIP_TABLE: Final = str.maketrans("", "", ".-/ ")
+_PUNCTUATION: Final = b".-/ "
 # A formatted CNPJ has 18 characters; anything much longer is not a document (and is not worth
 # scanning).
 _MAX_RAW_LEN: Final = 64
-
-_CPF_RE: Final = re.compile(r"[0-9]{11}")
-_CNPJ_RE: Final = re.compile(r"[0-9A-Z]{12}[0-9]{2}")
 
 _CPF_W1: Final[tuple[int, ...]] = (10, 9, 8, 7, 6, 5, 4, 3, 2)
 _CPF_W2: Final[tuple[int, ...]] = (11, 10, 9, 8, 7, 6, 5, 4, 3, 2)
@@ -66,15 +62,18 @@ def normalize_document(raw: str) -> tuple[str, str]:
     """
     if len(raw) > _MAX_RAW_LEN or not raw.isascii():
         raise ValueError(FORMAT_ERROR)
-    doc = raw.translate(_STRIP_TABLE).upper()
-    if len(doc) == 11 and _CPF_RE.fullmatch(doc):
+    # ASCII from here on: bytes methods do in C what a regex would (isdigit: 0-9 only;
+    # isalnum after upper(): 0-9 and A-Z only).
+    doc = raw.encode().translate(None, _PUNCTUATION).upper()
+    size = len(doc)
+    if size == 11 and doc.isdigit():
         kind, w1, w2 = CPF, _CPF_W1, _CPF_W2
-    elif len(doc) == 14 and _CNPJ_RE.fullmatch(doc):
+    elif size == 14 and doc[:12].isalnum() and doc[12:].isdigit():
         kind, w1, w2 = CNPJ, _CNPJ_W1, _CNPJ_W2
     else:
         raise ValueError(FORMAT_ERROR)
-    if doc.count(doc[0]) == len(doc):
+    if doc.count(doc[:1]) == size:
         raise ValueError(f"invalid {kind} (all characters identical)")
-    if not _valid(doc.encode("ascii"), w1, w2):
+    if not _valid(doc, w1, w2):
         raise ValueError(f"invalid {kind} check digits")
-    return doc, kind
+    return doc.decode(), kind

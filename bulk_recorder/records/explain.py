@@ -72,11 +72,10 @@ def canonical_body(body: bytes, record_type: str) -> bytes:
         raise RecordError("body must be a JSON object")
     if _depth_exceeds(tree, MAX_DEPTH):
         raise RecordError(f"JSON nesting deeper than {MAX_DEPTH} levels")
-    maybe_nul = b"\\u0000" in body
     if record_type == "transaction":
-        _transaction(tree, maybe_nul, lone)
+        _transaction(tree, lone)
     else:
-        _credit_annotation(tree, maybe_nul, lone)
+        _credit_annotation(tree, lone)
     return ENCODE(tree)
 
 
@@ -182,29 +181,27 @@ def _expected(info: inspect.Type) -> str:
     return "a string"
 
 
-def _text(
-    obj: dict[str, Any], schema: dict[str, Any], key: str, nul: bool, lone: str | None
-) -> None:
+def _text(obj: dict[str, Any], schema: dict[str, Any], key: str, lone: str | None) -> None:
     value = _field(obj, schema, key)
     if value is not None:
-        rules.storable_text(value, key, nul, lone)
+        rules.storable_text(value, key, lone)
 
 
 # -- the records, field by field in schema order ---------------------------------------------
 
 
-def _transaction(obj: dict[str, Any], nul: bool, lone: str | None) -> None:
+def _transaction(obj: dict[str, Any], lone: str | None) -> None:
     tx_id = _uuid(obj, _TX, "id").lower()
     _uuid(obj, _TX, "organization_id")
     _uuid(obj, _TX, "ledger_id")
-    _text(obj, _TX, "description", nul, lone)
+    _text(obj, _TX, "description", lone)
     _field(obj, _TX, "status")
     asset_code = _field(obj, _TX, "asset_code")
     rules.amount(obj.get("amount", MISSING), True)
     created_at = _field(obj, _TX, "created_at")
     if created_at is not None:
         rules.created_at(created_at)
-    rules.metadata(obj.get("metadata"), nul, lone)
+    rules.metadata(obj.get("metadata"), lone)
     _operations(obj, tx_id, asset_code)
 
 
@@ -233,12 +230,12 @@ def _operations(obj: dict[str, Any], tx_id: str, asset_code: str) -> None:
         rules.operation_asset(_field(raw, _OP, "asset_code", where), asset_code, where)
 
 
-def _credit_annotation(obj: dict[str, Any], nul: bool, lone: str | None) -> None:
+def _credit_annotation(obj: dict[str, Any], lone: str | None) -> None:
     _uuid(obj, _ANN, "id")
     _uuid(obj, _ANN, "job_id")
     rules.document(_field(obj, _ANN, "document"))
     _field(obj, _ANN, "kind")
-    _text(obj, _ANN, "creditor", nul, lone)
+    _text(obj, _ANN, "creditor", lone)
     rules.amount(obj.get("amount", MISSING), False)
     _field(obj, _ANN, "occurred_on")
-    _text(obj, _ANN, "reason", nul, lone)
+    _text(obj, _ANN, "reason", lone)

@@ -124,9 +124,9 @@ def _bad_amount(value: Any, positive: bool, where: str, key: str) -> NoReturn:
     fail(where, key, "more than 18 decimal places")
 
 
-def storable_text(value: str, key: str, maybe_nul: bool, lone: str | None) -> None:
+def storable_text(value: str, key: str, lone: str | None = None) -> None:
     """PostgreSQL text holds no NUL and no lone surrogate (``lone`` marks where one was)."""
-    if maybe_nul and "\x00" in value:
+    if "\x00" in value:
         fail("", key, "contains NUL")
     if lone is not None and lone in value:
         fail("", key, "invalid unicode")
@@ -174,34 +174,39 @@ def _bounded_decimal(text: str) -> Decimal:
 _PARSE_METADATA: Final = msgspec.json.Decoder(float_hook=_bounded_decimal).decode
 
 
-def metadata_from_raw(raw: msgspec.Raw, maybe_nul: bool) -> str | None:
+def metadata_from_raw(raw: msgspec.Raw) -> str | None:
     """The metadata of a body that passed the schema (so it is JSON without lone surrogates)."""
     try:
         value = _PARSE_METADATA(raw)
     except _HugeExponent:
-        value = PARSE(raw)  # NUL is reported before the exponent
-        return metadata(value, maybe_nul, None)
-    return _metadata(value, maybe_nul, None, exponents_checked=True)
-
-
-def metadata(value: Any, maybe_nul: bool, lone: str | None) -> str | None:
-    return _metadata(value, maybe_nul, lone, exponents_checked=False)
-
-
-def _metadata(
-    value: Any, maybe_nul: bool, lone: str | None, *, exponents_checked: bool
-) -> str | None:
+        return metadata(PARSE(raw), None)  # NUL is reported before the exponent
     if value is None:
         return None
     if type(value) is not dict:
         type_error("", "metadata", value, "an object or null")
-    if maybe_nul and _contains_nul(value):
+    text = ENCODE(value)
+    if b"\\u0000" in text and _contains_nul(value):  # msgspec writes NUL as \u0000
         fail("", "metadata", "contains NUL")
-    if not exponents_checked and _huge_exponent(value):
+    return _sized(text)
+
+
+def metadata(value: Any, lone: str | None) -> str | None:
+    """The metadata as parsed from any JSON (explain's path), every rule in the old order."""
+    if value is None:
+        return None
+    if type(value) is not dict:
+        type_error("", "metadata", value, "an object or null")
+    if _contains_nul(value):
+        fail("", "metadata", "contains NUL")
+    if _huge_exponent(value):
         fail("", "metadata", f"number out of range (exponent beyond {MAX_METADATA_EXPONENT})")
     text = ENCODE(value)
     if lone is not None and lone.encode() in text:
         fail("", "metadata", "invalid unicode")
+    return _sized(text)
+
+
+def _sized(text: bytes) -> str:
     if len(text) > MAX_METADATA_BYTES:
         fail("", "metadata", f"larger than {MAX_METADATA_BYTES} bytes serialized")
     return text.decode()

@@ -17,7 +17,6 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any, Final
 
 import msgspec
@@ -32,7 +31,6 @@ from bulk_recorder.records.contract import (
     RecordError,
     Transaction,
 )
-from bulk_recorder.records.rules import fail
 from bulk_recorder.records.schema import BODY_DECODERS, CreditAnnotationWire, TransactionWire
 
 __all__ = ["decode"]
@@ -81,21 +79,16 @@ _op_id, _op_account, _op_type, _op_amount, _op_asset = (
 ) = (getattr(CreditAnnotation, n).__set__ for n in CreditAnnotation.__slots__)
 
 
-def _operation(op_id: str, account: str, op_type: str, amount: Decimal, asset: str) -> Operation:
-    op = _new(Operation)
-    _op_id(op, op_id)
-    _op_account(op, account)
-    _op_type(op, op_type)
-    _op_amount(op, amount)
-    _op_asset(op, asset)
-    return op
+def _at(offset: int) -> str:
+    """The field prefix of the operation whose ids start at ``offset`` in the joined ids."""
+    return f"operations[{(offset - 108) // 72}]."
 
 
 class _Explain(Exception):
     """The pass found a failure it cannot word in field order: explain walks the body."""
 
 
-def _transaction(wire: TransactionWire, maybe_nul: bool) -> Transaction:
+def _transaction(wire: TransactionWire) -> Transaction:
     """The rules no schema states, in field order (the schema's all passed)."""
     ops = wire.operations
     ids = [wire.id, wire.organization_id, wire.ledger_id]
@@ -106,37 +99,39 @@ def _transaction(wire: TransactionWire, maybe_nul: bool) -> Transaction:
         raise _Explain
     tx_id = joined[:36]
     description = wire.description
-    if maybe_nul and description is not None:
-        rules.storable_text(description, "description", True, None)
+    if description is not None:
+        rules.storable_text(description, "description")
     asset_code = wire.asset_code
     raw_amount = wire.amount
     amount = rules.amount(raw_amount, True)
     created_at = None if wire.created_at is None else rules.created_at(wire.created_at)
-    metadata = rules.metadata_from_raw(wire.metadata, maybe_nul)
+    metadata = rules.metadata_from_raw(wire.metadata)
 
     operations: list[Operation] = []
     seen_ids = {tx_id}
     debits = credits = _ZERO
-    at = 108  # where the operations' ids start in `joined`
-    for index, op in enumerate(ops):
+    at = 108  # where the operations' ids start in `joined`, 72 characters each
+    for op in ops:
         op_id = joined[at : at + 36]
         if op_id in seen_ids:
-            reason = "same as the transaction id" if op_id == tx_id else "duplicate"
-            fail(f"operations[{index}].", "id", reason)
+            raise _Explain  # "duplicate" or "same as the transaction id", at its index
         seen_ids.add(op_id)
         op_raw = op.amount  # most legs carry the transaction's amount: its Decimal is reused
-        op_amount = (
-            amount if op_raw == raw_amount else rules.amount(op_raw, True, f"operations[{index}].")
-        )
+        op_amount = amount if op_raw == raw_amount else rules.amount(op_raw, True, _at(at))
         if op.asset_code != asset_code:
-            rules.operation_asset(op.asset_code, asset_code, f"operations[{index}].")
-        if op.type == "DEBIT":
+            rules.operation_asset(op.asset_code, asset_code, _at(at))
+        op_type = op.type
+        if op_type == "DEBIT":
             debits = _add(debits, op_amount)
         else:
             credits = _add(credits, op_amount)
-        operations.append(
-            _operation(op_id, joined[at + 36 : at + 72], op.type, op_amount, asset_code)
-        )
+        record = _new(Operation)
+        _op_id(record, op_id)
+        _op_account(record, joined[at + 36 : at + 72])
+        _op_type(record, op_type)
+        _op_amount(record, op_amount)
+        _op_asset(record, asset_code)
+        operations.append(record)
         at += 72
 
     if debits != credits:
@@ -157,7 +152,7 @@ def _transaction(wire: TransactionWire, maybe_nul: bool) -> Transaction:
     return tx
 
 
-def _credit_annotation(wire: CreditAnnotationWire, maybe_nul: bool) -> CreditAnnotation:
+def _credit_annotation(wire: CreditAnnotationWire) -> CreditAnnotation:
     """The rules no schema states, in field order (the schema's all passed)."""
     job_id = wire.job_id
     ids = wire.id if job_id is None else wire.id + job_id
@@ -165,12 +160,11 @@ def _credit_annotation(wire: CreditAnnotationWire, maybe_nul: bool) -> CreditAnn
         raise _Explain
     ids = ids.lower()
     document, document_type = rules.document(wire.document)
-    if maybe_nul:
-        rules.storable_text(wire.creditor, "creditor", True, None)
+    rules.storable_text(wire.creditor, "creditor")
     amount = rules.amount(wire.amount, False)
     reason = wire.reason
-    if maybe_nul and reason is not None:
-        rules.storable_text(reason, "reason", True, None)
+    if reason is not None:
+        rules.storable_text(reason, "reason")
     ann = _new(CreditAnnotation)
     _ann_id(ann, ids[:36])
     _ann_job(ann, ids[36:] or None)
@@ -184,18 +178,15 @@ def _credit_annotation(wire: CreditAnnotationWire, maybe_nul: bool) -> CreditAnn
     return ann
 
 
-_BUILDERS: Final[dict[str, Callable[[Any, bool], Record]]] = {
+_BUILDERS: Final[dict[str, Callable[[Any], Record]]] = {
     "transaction": _transaction,
     "credit_annotation": _credit_annotation,
 }
 
 
-def _nests_maybe_too_deep(body: bytes, wire: Any) -> bool:
-    """False when the body cannot nest deeper than MAX_DEPTH: it has few brackets, not counting
-    the operations' own objects (siblings: at most one is on any path)."""
-    brackets = body.count(b"{") + body.count(b"[")
-    if brackets <= MAX_DEPTH:
-        return False
+def _may_nest_too_deep(brackets: int, wire: Any) -> bool:
+    """False when a body with ``brackets`` opening brackets cannot nest deeper than MAX_DEPTH,
+    not counting the operations' own objects (siblings: at most one is on any path)."""
     if type(wire) is TransactionWire:
         brackets -= len(wire.operations) - 1
     return brackets > MAX_DEPTH
@@ -214,13 +205,14 @@ def _decode(body: bytes, record_type: str, max_bytes: int) -> Record:
     if size <= _MAX_DIGITS or _LONG_DIGIT_RUN(body) is None:
         try:
             wire = decoder.decode(body)
-            if not _nests_maybe_too_deep(body, wire):
-                return build(wire, b"\\u0000" in body)
+            brackets = body.count(b"{") + body.count(b"[")
+            if brackets <= MAX_DEPTH or not _may_nest_too_deep(brackets, wire):
+                return build(wire)
         except (*_PASS_ERRORS, _Explain):
             pass
     # Raises the first failure in field order, or gives the body canonically re-encoded.
     body = explain.canonical_body(body, record_type)
-    return build(decoder.decode(body), b"\\u0000" in body)
+    return build(decoder.decode(body))
 
 
 def decode(

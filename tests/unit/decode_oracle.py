@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from operator import mul
 from typing import Any, Final, NoReturn
 
 from bulk_recorder.records import exact
@@ -36,7 +37,66 @@ from bulk_recorder.records.contract import (
     RecordError,
     Transaction,
 )
-from bulk_recorder.records.documents import normalize_document
+
+# ---------------------------------------------------------------------------------------------
+# Documents (documents.py as it was)
+
+CPF: Final = "CPF"
+CNPJ: Final = "CNPJ"
+
+# Punctuation accepted (and dropped) in formatted documents, e.g. "12.ABC.345/01DE-35".
+_STRIP_TABLE: Final = str.maketrans("", "", ".-/ ")
+# A formatted CNPJ has 18 characters; anything much longer is not a document (and is not worth
+# scanning).
+_MAX_RAW_LEN: Final = 64
+
+_CPF_RE: Final = re.compile(r"[0-9]{11}")
+_CNPJ_RE: Final = re.compile(r"[0-9A-Z]{12}[0-9]{2}")
+
+_CPF_W1: Final[tuple[int, ...]] = (10, 9, 8, 7, 6, 5, 4, 3, 2)
+_CPF_W2: Final[tuple[int, ...]] = (11, 10, 9, 8, 7, 6, 5, 4, 3, 2)
+_CNPJ_W1: Final[tuple[int, ...]] = (5, 4, 3, 2, 9, 8, 7, 6, 5, 4, 3, 2)
+_CNPJ_W2: Final[tuple[int, ...]] = (6, 5, 4, 3, 2, 9, 8, 7, 6, 5, 4, 3, 2)
+
+FORMAT_ERROR: Final = "must be a CPF (11 digits) or CNPJ (14 characters)"
+
+
+def _check_digit(codes: bytes, weights: tuple[int, ...]) -> int:
+    """DV for ``codes`` (ASCII codes of the characters): sum of (code - 48) * weight, mod 11."""
+    # sum((c - 48) * w) == sum(c * w) - 48 * sum(w): one C-level pass, no per-character Python.
+    total = sum(map(mul, codes, weights)) - 48 * sum(weights)
+    remainder = total % 11
+    return 0 if remainder < 2 else 11 - remainder
+
+
+def _valid(codes: bytes, w1: tuple[int, ...], w2: tuple[int, ...]) -> bool:
+    n = len(w1)
+    return codes[n] - 48 == _check_digit(codes, w1) and codes[n + 1] - 48 == _check_digit(codes, w2)
+
+
+def normalize_document(raw: str) -> tuple[str, str]:
+    """Return ``(normalized, "CPF" | "CNPJ")`` for a CPF or CNPJ, formatted or not.
+
+    ``normalized`` has no punctuation and is upper case: ``"529.982.247-25"`` becomes
+    ``("52998224725", "CPF")`` and ``"12.abc.345/01de-35"`` becomes ``("12ABC34501DE35", "CNPJ")``.
+    Raises ``ValueError`` with a short, ASCII message (no field name) when the text is not a
+    document, its check digits are wrong or all its characters are the same.
+    """
+    if len(raw) > _MAX_RAW_LEN or not raw.isascii():
+        raise ValueError(FORMAT_ERROR)
+    doc = raw.translate(_STRIP_TABLE).upper()
+    if len(doc) == 11 and _CPF_RE.fullmatch(doc):
+        kind, w1, w2 = CPF, _CPF_W1, _CPF_W2
+    elif len(doc) == 14 and _CNPJ_RE.fullmatch(doc):
+        kind, w1, w2 = CNPJ, _CNPJ_W1, _CNPJ_W2
+    else:
+        raise ValueError(FORMAT_ERROR)
+    if doc.count(doc[0]) == len(doc):
+        raise ValueError(f"invalid {kind} (all characters identical)")
+    if not _valid(doc.encode("ascii"), w1, w2):
+        raise ValueError(f"invalid {kind} check digits")
+    return doc, kind
+
 
 # ---------------------------------------------------------------------------------------------
 # Parsing

@@ -30,9 +30,9 @@ from bulk_recorder.records.schema import (
     NOT_BLANK_PATTERN,
     PARSE,
     UUID_PATTERN,
-    CreditAnnotationWire,
-    OperationWire,
-    TransactionWire,
+    CreditAnnotationIn,
+    OperationIn,
+    TransactionIn,
 )
 
 __all__ = ["canonical_body"]
@@ -60,8 +60,8 @@ def _fields(struct: type[msgspec.Struct]) -> dict[str, tuple[Any, bool, inspect.
     }
 
 
-_SCHEMA: Final = {s: _fields(s) for s in (TransactionWire, OperationWire, CreditAnnotationWire)}
-_TX, _OP, _ANN = _SCHEMA[TransactionWire], _SCHEMA[OperationWire], _SCHEMA[CreditAnnotationWire]
+_SCHEMA: Final = {s: _fields(s) for s in (TransactionIn, OperationIn, CreditAnnotationIn)}
+_TX, _OP, _ANN = _SCHEMA[TransactionIn], _SCHEMA[OperationIn], _SCHEMA[CreditAnnotationIn]
 
 
 def canonical_body(body: bytes, record_type: str) -> bytes:
@@ -154,8 +154,9 @@ def _uuid(obj: dict[str, Any], schema: dict[str, Any], key: str, where: str = ""
 
 def _reason(info: inspect.Type, value: Any, message: str) -> str:
     """msgspec's message for one value against one type -> the contract's words."""
+    info = _bare(info)
     if isinstance(info, inspect.UnionType):  # X | None: the value was not null
-        info = next(t for t in info.types if not isinstance(t, inspect.NoneType))
+        info = _bare(next(t for t in info.types if not isinstance(t, inspect.NoneType)))
     if ", got `" in message:
         return f"must be {_expected(info)}, not {kind_of(value)}"
     if isinstance(info, inspect.LiteralType):
@@ -171,6 +172,11 @@ def _reason(info: inspect.Type, value: Any, message: str) -> str:
     if isinstance(info, inspect.StrType) and info.pattern in _PATTERN_REASONS:
         return _PATTERN_REASONS[info.pattern]
     return message  # pragma: no cover - a constraint added to the schema without its words
+
+
+def _bare(info: inspect.Type) -> inspect.Type:
+    """The type without its documentation (description, examples)."""
+    return info.type if isinstance(info, inspect.Metadata) else info
 
 
 def _expected(info: inspect.Type) -> str:

@@ -17,6 +17,8 @@ import logging
 import re
 import sys
 from collections.abc import Callable
+from datetime import datetime
+from decimal import Decimal
 from typing import Any, Final
 
 import msgspec
@@ -31,7 +33,7 @@ from bulk_recorder.records.contract import (
     RecordError,
     Transaction,
 )
-from bulk_recorder.records.schema import BODY_DECODERS, CreditAnnotationWire, TransactionWire
+from bulk_recorder.records.schema import BODY_DECODERS, CreditAnnotationIn, TransactionIn
 
 __all__ = ["decode"]
 
@@ -88,7 +90,7 @@ class _Explain(Exception):
     """The pass found a failure it cannot word in field order: explain walks the body."""
 
 
-def _transaction(wire: TransactionWire) -> Transaction:
+def _transaction(wire: TransactionIn) -> Transaction:
     """The rules no schema states, in field order (the schema's all passed)."""
     ops = wire.operations
     ids = [wire.id, wire.organization_id, wire.ledger_id]
@@ -138,21 +140,35 @@ def _transaction(wire: TransactionWire) -> Transaction:
         raise RecordError(f"debits {debits:f} != credits {credits:f}")
     if debits != amount:
         raise RecordError(f"debits {debits:f} and credits {credits:f} != amount {amount:f}")
+    return _new_transaction(
+        joined, wire, description, amount, created_at, metadata, tuple(operations)
+    )
+
+
+def _new_transaction(
+    ids: str,
+    wire: TransactionIn,
+    description: str | None,
+    amount: Decimal,
+    created_at: datetime | None,
+    metadata: str | None,
+    operations: tuple[Operation, ...],
+) -> Transaction:
     tx = _new(Transaction)
-    _tx_id(tx, tx_id)
-    _tx_org(tx, joined[36:72])
-    _tx_ledger(tx, joined[72:108])
+    _tx_id(tx, ids[:36])
+    _tx_org(tx, ids[36:72])
+    _tx_ledger(tx, ids[72:108])
     _tx_description(tx, description)
     _tx_status(tx, wire.status)
-    _tx_asset(tx, asset_code)
+    _tx_asset(tx, wire.asset_code)
     _tx_amount(tx, amount)
     _tx_created_at(tx, created_at)
     _tx_metadata(tx, metadata)
-    _tx_operations(tx, tuple(operations))
+    _tx_operations(tx, operations)
     return tx
 
 
-def _credit_annotation(wire: CreditAnnotationWire) -> CreditAnnotation:
+def _credit_annotation(wire: CreditAnnotationIn) -> CreditAnnotation:
     """The rules no schema states, in field order (the schema's all passed)."""
     job_id = wire.job_id
     ids = wire.id if job_id is None else wire.id + job_id
@@ -187,7 +203,7 @@ _BUILDERS: Final[dict[str, Callable[[Any], Record]]] = {
 def _may_nest_too_deep(brackets: int, wire: Any) -> bool:
     """False when a body with ``brackets`` opening brackets cannot nest deeper than MAX_DEPTH,
     not counting the operations' own objects (siblings: at most one is on any path)."""
-    if type(wire) is TransactionWire:
+    if type(wire) is TransactionIn:
         brackets -= len(wire.operations) - 1
     return brackets > MAX_DEPTH
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -45,12 +46,12 @@ from bulk_recorder.producer.api.api_docs import serve_docs_offline
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
 from bulk_recorder.producer.api.errors import ApiError
-from bulk_recorder.producer.api.models import CreditAnnotationIn, TransactionIn
 from bulk_recorder.producer.api.routes import (
     add_job_routes,
     add_operation_routes,
     add_transaction_routes,
 )
+from bulk_recorder.records.schema import CreditAnnotationIn, TransactionIn
 from settings import Settings
 
 log = logging.getLogger("bulk_recorder.api")  # the name logs have always carried
@@ -69,10 +70,10 @@ class _Api(FastAPI):
             return self.openapi_schema
         schema = super().openapi()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (TransactionIn, CreditAnnotationIn):
-            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(body.pop("$defs", {}))
-            components[model.__name__] = body
+        _, bodies = msgspec.json.schema_components(
+            (TransactionIn, CreditAnnotationIn), ref_template="#/components/schemas/{name}"
+        )
+        components.update(bodies)
         return schema
 
 

@@ -35,7 +35,7 @@ from bulk_recorder.records.schema import (
     TransactionIn,
 )
 
-__all__ = ["canonical_body"]
+__all__ = ["canonical_body", "sorted_json"]
 
 _PATTERN_REASONS: Final = {
     UUID_PATTERN: "invalid UUID",
@@ -77,6 +77,15 @@ def canonical_body(body: bytes, record_type: str) -> bytes:
     else:
         _credit_annotation(tree, lone)
     return ENCODE(tree)
+
+
+_ENCODE_SORTED: Final = msgspec.json.Encoder(decimal_format="number", order="sorted").encode
+
+
+def sorted_json(body: bytes) -> bytes:
+    """The body's JSON compact with sorted keys, every number as sent (``decode`` accepted it):
+    the same bytes however the body is spaced or its keys ordered."""
+    return _ENCODE_SORTED(_parse_any(body)[0])
 
 
 def _parse_any(body: bytes) -> tuple[Any, str | None]:

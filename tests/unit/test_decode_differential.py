@@ -45,10 +45,22 @@ def both(body: bytes, record_type: str | None, **kw: Any) -> Any:
     old = _verdict(decode_oracle.decode, body, record_type, **kw)
     new = _verdict(decode, body, record_type, **kw)
     compared["bodies"] += 1
-    assert _words(new) == _words(old), body[:300]
+    if not _near_the_recursion_limit(body, _words(old), _words(new)):
+        assert _words(new) == _words(old), body[:300]
     if isinstance(new, RecordError):
         raise new
     return new
+
+
+DEEP_OR_BAD = {("rejected", "invalid JSON"), ("rejected", "JSON nesting deeper than 32 levels")}
+
+
+def _near_the_recursion_limit(body: bytes, old: Verdict, new: Verdict) -> bool:
+    """The one place the reasons may differ: a body malformed *and* nested some 1000 levels
+    deep. Which fault the old parser met first depended on the interpreter's stack at the call
+    (its recursion limit counts the caller's frames); msgspec's limit is a few levels further.
+    Both refuse the body, with one of the two reasons."""
+    return {old, new} == DEEP_OR_BAD and body.count(b"[") + body.count(b"{") >= 900
 
 
 def _words(outcome: Any) -> Verdict:
@@ -315,6 +327,16 @@ def test_any_bytes_get_the_same_verdict_and_reason(body: bytes) -> None:
     for kind in ("transaction", "credit_annotation"):
         with contextlib.suppress(RecordError):
             both(body, kind)
+
+
+def test_a_body_malformed_and_nested_near_the_recursion_limit_is_refused_either_way() -> None:
+    for depth in range(980, 1010):
+        body = b'{"a":' + b"[" * depth + b"x"
+        old = _words(_verdict(decode_oracle.decode, body, "transaction"))
+        new = _words(_verdict(decode, body, "transaction"))
+        assert old in DEEP_OR_BAD
+        assert new in DEEP_OR_BAD
+        assert new == old or _near_the_recursion_limit(body, old, new)
 
 
 def test_max_bytes_is_applied_alike() -> None:

@@ -35,7 +35,7 @@ from bulk_recorder.records.schema import (
     TransactionIn,
 )
 
-__all__ = ["canonical_body", "sorted_json"]
+__all__ = ["canonical_body", "check_depth", "sorted_json"]
 
 _PATTERN_REASONS: Final = {
     UUID_PATTERN: "invalid UUID",
@@ -67,16 +67,22 @@ _TX, _OP, _ANN = _SCHEMA[TransactionIn], _SCHEMA[OperationIn], _SCHEMA[CreditAnn
 def canonical_body(body: bytes, record_type: str) -> bytes:
     """Raise the contract's reason for ``body`` (UTF-8 already checked), or return it re-encoded
     canonically if it breaks no field rule (the sums are left to the caller)."""
-    tree, lone = _parse_any(body)
+    tree, twin = _parse_any(body)
     if type(tree) is not dict:
         raise RecordError("body must be a JSON object")
-    if _depth_exceeds(tree, MAX_DEPTH):
+    if body.count(b"{") + body.count(b"[") > MAX_DEPTH and _depth_exceeds(tree, MAX_DEPTH):
         raise RecordError(f"JSON nesting deeper than {MAX_DEPTH} levels")
     if record_type == "transaction":
-        _transaction(tree, lone)
+        _transaction(tree, twin)
     else:
-        _credit_annotation(tree, lone)
+        _credit_annotation(tree, twin)
     return ENCODE(tree)
+
+
+def check_depth(body: bytes) -> None:
+    """Raise if ``body`` (JSON that msgspec's pass read) nests deeper than MAX_DEPTH."""
+    if _depth_exceeds(PARSE(body), MAX_DEPTH):
+        raise RecordError(f"JSON nesting deeper than {MAX_DEPTH} levels")
 
 
 _ENCODE_SORTED: Final = msgspec.json.Encoder(decimal_format="number", order="sorted").encode
@@ -88,9 +94,10 @@ def sorted_json(body: bytes) -> bytes:
     return _ENCODE_SORTED(_parse_any(body)[0])
 
 
-def _parse_any(body: bytes) -> tuple[Any, str | None]:
-    """Any JSON; lone surrogates (msgspec refuses them) become a character the body lacks,
-    returned so the text rules can tell where one was."""
+def _parse_any(body: bytes) -> tuple[Any, Any]:
+    """Any JSON, and its twin: None, or -- when the body holds lone surrogates, which msgspec
+    refuses -- the same JSON read with each lone surrogate as another stand-in character. A
+    string that differs between the two held a lone surrogate; one that is equal did not."""
     try:
         return PARSE(body), None
     except RecursionError:
@@ -98,23 +105,16 @@ def _parse_any(body: bytes) -> tuple[Any, str | None]:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # Validation: int digit limit
         if not (isinstance(exc, msgspec.DecodeError) and _SURROGATE_ESCAPE(body)):
             raise RecordError("invalid JSON") from None
-    lone = _absent_character(body)
-    marker = f"\\u{ord(lone):04x}".encode()
-    patched = _ESCAPE.sub(lambda m: marker if m[1] else m[0], body)
+    return _with_stand_in(body, rb"\ue000"), _with_stand_in(body, rb"\ue001")
+
+
+def _with_stand_in(body: bytes, escape: bytes) -> Any:
     try:
-        return PARSE(patched), lone
+        return PARSE(_ESCAPE.sub(lambda m: escape if m[1] else m[0], body))
     except RecursionError:
         raise RecordError(f"JSON nesting deeper than {MAX_DEPTH} levels") from None
     except (msgspec.DecodeError, msgspec.ValidationError):
         raise RecordError("invalid JSON") from None
-
-
-def _absent_character(body: bytes) -> str:
-    lowered = body.lower()
-    for code in range(0xE000, 0xF900):  # the private use area
-        if chr(code).encode() not in body and f"\\u{code:04x}".encode() not in lowered:
-            return chr(code)
-    raise RecordError("invalid JSON")  # pragma: no cover - a body of 6400 private characters
 
 
 def _depth_exceeds(root: Any, limit: int) -> bool:
@@ -196,27 +196,27 @@ def _expected(info: inspect.Type) -> str:
     return "a string"
 
 
-def _text(obj: dict[str, Any], schema: dict[str, Any], key: str, lone: str | None) -> None:
+def _text(obj: dict[str, Any], schema: dict[str, Any], key: str, twin: Any) -> None:
     value = _field(obj, schema, key)
     if value is not None:
-        rules.storable_text(value, key, lone)
+        rules.storable_text(value, key, None if twin is None else twin.get(key))
 
 
 # -- the records, field by field in schema order ---------------------------------------------
 
 
-def _transaction(obj: dict[str, Any], lone: str | None) -> None:
+def _transaction(obj: dict[str, Any], twin: Any) -> None:
     tx_id = _uuid(obj, _TX, "id").lower()
     _uuid(obj, _TX, "organization_id")
     _uuid(obj, _TX, "ledger_id")
-    _text(obj, _TX, "description", lone)
+    _text(obj, _TX, "description", twin)
     _field(obj, _TX, "status")
     asset_code = _field(obj, _TX, "asset_code")
     rules.amount(obj.get("amount", MISSING), True)
     created_at = _field(obj, _TX, "created_at")
     if created_at is not None:
         rules.created_at(created_at)
-    rules.metadata(obj.get("metadata"), lone)
+    rules.metadata(obj.get("metadata"), MISSING if twin is None else twin.get("metadata"))
     _operations(obj, tx_id, asset_code)
 
 
@@ -245,12 +245,12 @@ def _operations(obj: dict[str, Any], tx_id: str, asset_code: str) -> None:
         rules.operation_asset(_field(raw, _OP, "asset_code", where), asset_code, where)
 
 
-def _credit_annotation(obj: dict[str, Any], lone: str | None) -> None:
+def _credit_annotation(obj: dict[str, Any], twin: Any) -> None:
     _uuid(obj, _ANN, "id")
     _uuid(obj, _ANN, "job_id")
     rules.document(_field(obj, _ANN, "document"))
     _field(obj, _ANN, "kind")
-    _text(obj, _ANN, "creditor", lone)
+    _text(obj, _ANN, "creditor", twin)
     rules.amount(obj.get("amount", MISSING), False)
     _field(obj, _ANN, "occurred_on")
-    _text(obj, _ANN, "reason", lone)
+    _text(obj, _ANN, "reason", twin)

@@ -124,11 +124,12 @@ def _bad_amount(value: Any, positive: bool, where: str, key: str) -> NoReturn:
     fail(where, key, "more than 18 decimal places")
 
 
-def storable_text(value: str, key: str, lone: str | None = None) -> None:
-    """PostgreSQL text holds no NUL and no lone surrogate (``lone`` marks where one was)."""
+def storable_text(value: str, key: str, twin: str | None = None) -> None:
+    """PostgreSQL text holds no NUL and no lone surrogate (``twin``, the same text read with
+    another stand-in for lone surrogates, differs where there was one)."""
     if "\x00" in value:
         fail("", key, "contains NUL")
-    if lone is not None and lone in value:
+    if twin is not None and twin != value:
         fail("", key, "invalid unicode")
 
 
@@ -179,7 +180,7 @@ def metadata_from_raw(raw: msgspec.Raw) -> str | None:
     try:
         value = _PARSE_METADATA(raw)
     except _HugeExponent:
-        return metadata(PARSE(raw), None)  # NUL is reported before the exponent
+        return metadata(PARSE(raw))  # NUL is reported before the exponent
     if value is None:
         return None
     if type(value) is not dict:
@@ -190,8 +191,9 @@ def metadata_from_raw(raw: msgspec.Raw) -> str | None:
     return _sized(text)
 
 
-def metadata(value: Any, lone: str | None) -> str | None:
-    """The metadata as parsed from any JSON (explain's path), every rule in the old order."""
+def metadata(value: Any, twin: Any = MISSING) -> str | None:
+    """The metadata as parsed from any JSON (explain's path), every rule in the old order;
+    ``twin`` as for storable_text."""
     if value is None:
         return None
     if type(value) is not dict:
@@ -201,7 +203,7 @@ def metadata(value: Any, lone: str | None) -> str | None:
     if _huge_exponent(value):
         fail("", "metadata", f"number out of range (exponent beyond {MAX_METADATA_EXPONENT})")
     text = ENCODE(value)
-    if lone is not None and lone.encode() in text:
+    if twin is not MISSING and ENCODE(twin) != text:
         fail("", "metadata", "invalid unicode")
     return _sized(text)
 

@@ -339,6 +339,23 @@ def test_a_body_malformed_and_nested_near_the_recursion_limit_is_refused_either_
         assert new == old or _near_the_recursion_limit(body, old, new)
 
 
+@pytest.mark.parametrize(
+    ("field", "raw"),
+    [
+        ("description", '"\ue000\\ud800"'),  # a stand-in character beside a lone surrogate
+        ("description", '"\ue000\ue001"'),  # the stand-ins alone are fine text
+        ("description", '"\\ue000\\ud800\\ue001"'),
+        ("metadata", '{"\ue001": "\\udc00", "k": "\ue000"}'),
+        ("metadata", '{"\ue000": "\ue001"}'),
+        ("note", '"\\ud800"'),  # a field nobody reads: accepted
+    ],
+)
+def test_lone_surrogates_beside_the_stand_in_characters(field: str, raw: str) -> None:
+    body = json.dumps(test_records.tx(**{field: "__X__"}), ensure_ascii=False)
+    with contextlib.suppress(RecordError):
+        both(body.replace('"__X__"', raw).encode(), "transaction")
+
+
 def test_max_bytes_is_applied_alike() -> None:
     body = json.dumps(test_records.tx()).encode()
     for limit in (0, 10, len(body) - 1, len(body)):

@@ -29,7 +29,6 @@ from bulk_recorder.records.schema import (
     ENCODE,
     NOT_BLANK_PATTERN,
     PARSE,
-    UUID_PATTERN,
     CreditAnnotationIn,
     OperationIn,
     TransactionIn,
@@ -37,8 +36,7 @@ from bulk_recorder.records.schema import (
 
 __all__ = ["canonical_body", "check_depth", "sorted_json"]
 
-_PATTERN_REASONS: Final = {
-    UUID_PATTERN: "invalid UUID",
+_PATTERN_REASONS: Final = {  # a UUID's reason is _uuid's: its pattern is checked in rules
     ASSET_PATTERN: "must be 1-10 upper-case letters or digits, starting with a letter",
     NOT_BLANK_PATTERN: "must not be blank",
 }

@@ -434,4 +434,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="uuid-hyphens-anywhere",
+        # msgspec checks only a UUID's length; rules.uuids its shape. Without the positions,
+        # a moved hyphen passes (and so would 32 hex digits plus 4 hyphens in any order).
+        path="bulk_recorder/records/rules.py",
+        old="        and data[8::36] + data[13::36] + data[18::36] + data[23::36] == hyphens\n",
+        new="",
+        promise=BAD_DATA,
+        tests=("tests/unit/test_records.py::test_invalid_uuid",),
+        fast=True,
+    ),
 )

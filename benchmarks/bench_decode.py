@@ -1,6 +1,9 @@
 """Microseconds per ``decode()`` (parse + validate) for each record type.
 
-Run with ``python -m benchmarks.bench_decode [--number N] [--repeat R]``. Each figure is the
+Run with ``python -m benchmarks.bench_decode [--number N] [--repeat R]``. The decoder before
+msgspec (hand-written checks on the stdlib parser, kept as the oracle of the differential test in
+``tests/unit/decode_oracle.py``) is timed in the same run, so the ratio holds on a busy machine
+too. Each figure is the
 median over ``repeat`` timeit runs of ``number`` calls, so one slow run (a GC pass, a noisy
 neighbour) does not move it. The messages are the typical shapes of docs/messages.md: a
 transaction with two operations and a small metadata object (~600 bytes) and a credit
@@ -18,15 +21,15 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from bulk_recorder.records import decode
 
-orjson_loads: Callable[[bytes], Any] | None
-try:  # not a dependency: only shown for comparison with the stdlib parser that decode() uses
-    import orjson
-
-    orjson_loads = orjson.loads
+old_decode: Callable[..., Any] | None
+try:  # the repository's tests/ (not installed with the package)
+    from tests.unit.decode_oracle import decode as old_decode
 except ImportError:  # pragma: no cover
-    orjson_loads = None
+    old_decode = None
 
 TRANSACTION = json.dumps(
     {
@@ -88,16 +91,17 @@ def main() -> None:
 
     print(f"python {platform.python_version()}, median of {args.repeat} runs x {args.number} calls")
     for record_type, body in CASES.items():
-        decode(body, record_type)  # fail fast if the sample is invalid
+        record = decode(body, record_type)  # fail fast if the sample is invalid
         decode_us = measure(partial(decode, body, record_type), args.number, args.repeat)
-        parse_us = measure(partial(json.loads, body), args.number, args.repeat)
+        parse_us = measure(partial(msgspec.json.decode, body), args.number, args.repeat)
         line = (
             f"{record_type:<18} {len(body):>4} bytes  decode+validate {decode_us:6.2f} us/msg"
-            f"  (json.loads alone {parse_us:5.2f} us"
+            f"  (msgspec.json.decode alone {parse_us:5.2f} us"
         )
-        if orjson_loads is not None:
-            orjson_us = measure(partial(orjson_loads, body), args.number, args.repeat)
-            line += f", orjson.loads alone {orjson_us:5.2f} us"
+        if old_decode is not None:
+            assert repr(old_decode(body, record_type)) == repr(record)
+            old_us = measure(partial(old_decode, body, record_type), args.number, args.repeat)
+            line += f"; before msgspec {old_us:6.2f} us, {old_us / decode_us:4.1f}x"
         print(line + ")")
 
 

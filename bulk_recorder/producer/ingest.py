@@ -51,7 +51,7 @@ def annotation_body(annotation: CreditAnnotation, job_id: str) -> bytes:
             "occurred_on": annotation.occurred_on.isoformat(),
             "reason": annotation.reason,
         }
-    ).encode("utf-8", "surrogatepass")
+    )
 
 
 OutboxRow = tuple[str, str, str, bytes]  # record_type, record_id, job_id, body

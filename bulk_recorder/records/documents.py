@@ -17,7 +17,6 @@ arithmetic but are placeholders, so they are rejected.
 
 from __future__ import annotations
 
-import re
 from operator import mul
 from typing import Final
 
@@ -27,13 +26,10 @@ CPF: Final = "CPF"
 CNPJ: Final = "CNPJ"
 
 # Punctuation accepted (and dropped) in formatted documents, e.g. "12.ABC.345/01DE-35".
-_STRIP_TABLE: Final = str.maketrans("", "", ".-/ ")
+_PUNCTUATION: Final = b".-/ "
 # A formatted CNPJ has 18 characters; anything much longer is not a document (and is not worth
 # scanning).
 _MAX_RAW_LEN: Final = 64
-
-_CPF_RE: Final = re.compile(r"[0-9]{11}")
-_CNPJ_RE: Final = re.compile(r"[0-9A-Z]{12}[0-9]{2}")
 
 _CPF_W1: Final[tuple[int, ...]] = (10, 9, 8, 7, 6, 5, 4, 3, 2)
 _CPF_W2: Final[tuple[int, ...]] = (11, 10, 9, 8, 7, 6, 5, 4, 3, 2)
@@ -43,17 +39,16 @@ _CNPJ_W2: Final[tuple[int, ...]] = (6, 5, 4, 3, 2, 9, 8, 7, 6, 5, 4, 3, 2)
 FORMAT_ERROR: Final = "must be a CPF (11 digits) or CNPJ (14 characters)"
 
 
-def _check_digit(codes: bytes, weights: tuple[int, ...]) -> int:
-    """DV for ``codes`` (ASCII codes of the characters): sum of (code - 48) * weight, mod 11."""
-    # sum((c - 48) * w) == sum(c * w) - 48 * sum(w): one C-level pass, no per-character Python.
-    total = sum(map(mul, codes, weights)) - 48 * sum(weights)
+# (name, weights and 48 * their sum for each DV): sum((c - 48) * w) == sum(c * w) - 48 * sum(w),
+# so a DV is one C-level pass over the ASCII codes, no per-character Python.
+_CPF_RULE: Final = (CPF, _CPF_W1, 48 * sum(_CPF_W1), _CPF_W2, 48 * sum(_CPF_W2))
+_CNPJ_RULE: Final = (CNPJ, _CNPJ_W1, 48 * sum(_CNPJ_W1), _CNPJ_W2, 48 * sum(_CNPJ_W2))
+
+
+def _check_digit(total: int) -> int:
+    """DV from the weighted sum of the character values: 11 - (sum % 11), 0 if that is >= 10."""
     remainder = total % 11
     return 0 if remainder < 2 else 11 - remainder
-
-
-def _valid(codes: bytes, w1: tuple[int, ...], w2: tuple[int, ...]) -> bool:
-    n = len(w1)
-    return codes[n] - 48 == _check_digit(codes, w1) and codes[n + 1] - 48 == _check_digit(codes, w2)
 
 
 def normalize_document(raw: str) -> tuple[str, str]:
@@ -66,15 +61,20 @@ def normalize_document(raw: str) -> tuple[str, str]:
     """
     if len(raw) > _MAX_RAW_LEN or not raw.isascii():
         raise ValueError(FORMAT_ERROR)
-    doc = raw.translate(_STRIP_TABLE).upper()
-    if len(doc) == 11 and _CPF_RE.fullmatch(doc):
-        kind, w1, w2 = CPF, _CPF_W1, _CPF_W2
-    elif len(doc) == 14 and _CNPJ_RE.fullmatch(doc):
-        kind, w1, w2 = CNPJ, _CNPJ_W1, _CNPJ_W2
+    # ASCII from here on: bytes methods do in C what a regex would (isdigit: 0-9 only;
+    # isalnum after upper(): 0-9 and A-Z only).
+    doc = raw.encode().translate(None, _PUNCTUATION).upper()
+    size = len(doc)
+    if size == 11 and doc.isdigit():
+        kind, w1, offset1, w2, offset2 = _CPF_RULE
+    elif size == 14 and doc[:12].isalnum() and doc[12:].isdigit():
+        kind, w1, offset1, w2, offset2 = _CNPJ_RULE
     else:
         raise ValueError(FORMAT_ERROR)
-    if doc.count(doc[0]) == len(doc):
+    if doc.count(doc[:1]) == size:
         raise ValueError(f"invalid {kind} (all characters identical)")
-    if not _valid(doc.encode("ascii"), w1, w2):
+    dv1 = _check_digit(sum(map(mul, doc, w1)) - offset1)  # map stops at the shorter
+    dv2 = _check_digit(sum(map(mul, doc, w2)) - offset2)
+    if doc[-2] - 48 != dv1 or doc[-1] - 48 != dv2:
         raise ValueError(f"invalid {kind} check digits")
-    return doc, kind
+    return doc.decode(), kind

@@ -411,9 +411,10 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="falsy-job-id-taken-for-none",
-        path="bulk_recorder/records/fields.py",
-        old="    if value is None:\n        return None\n    return _uuid(obj, key)\n",
-        new="    if not value:\n        return None\n    return _uuid(obj, key)\n",
+        # An empty id slips past the schema's length, and "" + nothing is read as no job.
+        path="bulk_recorder/records/schema.py",
+        old="min_length=36,",
+        new="min_length=0,",
         promise=BAD_DATA,
         tests=(
             "tests/unit/test_records.py::"
@@ -546,6 +547,17 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/integration/test_api_problems.py::"
             "test_every_error_answer_is_problem_json_with_the_detail_clients_read",
         ),
+        fast=True,
+    ),
+    Mutant(
+        name="uuid-hyphens-anywhere",
+        # msgspec checks only a UUID's length; rules.uuids its shape. Without the positions,
+        # a moved hyphen passes (and so would 32 hex digits plus 4 hyphens in any order).
+        path="bulk_recorder/records/rules.py",
+        old="        and data[8::36] + data[13::36] + data[18::36] + data[23::36] == hyphens\n",
+        new="",
+        promise=BAD_DATA,
+        tests=("tests/unit/test_records.py::test_invalid_uuid",),
         fast=True,
     ),
 )

@@ -111,6 +111,28 @@ def test_json_array_errors_name_the_element() -> None:
     assert run("json", [b"[]"]) == []
 
 
+@pytest.mark.parametrize("fmt", ["json", "ndjson"])
+def test_an_element_with_an_integer_over_the_digit_limit_is_rejected_as_that_line(
+    fmt: str,
+) -> None:
+    # The array's splitter once read the number as an int: ValueError, a 500 for the request.
+    big = b'{"id": 1' + b"0" * 5000 + b"}"
+    good = json.dumps(A).encode()
+    body = b"[" + big + b", " + good + b"]" if fmt == "json" else big + b"\n" + good + b"\n"
+    intake = JobIntake(JOB, parser_for(fmt, 1 << 20), max_body_bytes=1 << 20, max_lines=10)
+    intake.feed(body)
+    intake.finish()
+    assert intake.rejections == [(1, "invalid JSON")]
+    assert intake.accepted == 1
+
+
+def test_an_element_nested_past_the_splitters_reach_refuses_the_body() -> None:
+    # Once a RecursionError, a 500 for the request: now the body cannot be split, a 400.
+    deep = b"[" * 5000 + b"]" * 5000
+    with pytest.raises(FormatError, match="element 1: JSON nesting deeper than 32 levels"):
+        run("json", [b"[" + deep + b"]"], limit=1 << 20)
+
+
 def test_csv_invalid_utf8_and_unclosed_quote() -> None:
     with pytest.raises(FormatError, match="not valid UTF-8"):
         run("csv", [b"id,document\n\xff\n"])

@@ -35,6 +35,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
+import msgspec
 from fastapi import FastAPI
 
 from bulk_recorder.infra.db import open_pool_when_ready
@@ -42,13 +43,14 @@ from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.api_docs import serve_docs_offline
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
-from bulk_recorder.producer.api.models import CreditAnnotationIn, JobRefused, TransactionIn
+from bulk_recorder.producer.api.models import JobRefused
 from bulk_recorder.producer.api.problems import ApiError, Problem, answer_errors_as_problems
 from bulk_recorder.producer.api.routes import (
     add_job_routes,
     add_operation_routes,
     add_transaction_routes,
 )
+from bulk_recorder.records.schema import CreditAnnotationIn, TransactionIn
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,7 +70,11 @@ class _Api(FastAPI):
             return self.openapi_schema
         schema = super().openapi()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (TransactionIn, CreditAnnotationIn, Problem, JobRefused):
+        _, bodies = msgspec.json.schema_components(
+            (TransactionIn, CreditAnnotationIn), ref_template="#/components/schemas/{name}"
+        )
+        components.update(bodies)
+        for model in (Problem, JobRefused):
             body = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body

@@ -1,66 +1,17 @@
-"""The API's wire models: request bodies for the OpenAPI document, and the answers.
+"""The API's answers, and how the request bodies appear in the OpenAPI document.
 
-The wire format itself is validated by ``decode()``; these models document it.
+The request bodies are the record schema itself (:mod:`bulk_recorder.records.schema`, the msgspec
+structs ``decode()`` checks them against), published as ``TransactionIn``, ``OperationIn`` and
+``CreditAnnotationIn``: the document cannot drift from what the API and the recorder accept.
 """
 
 from __future__ import annotations
 
-import uuid
-from datetime import date, datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
 from bulk_recorder.producer.api.problems import Problem
-
-Amount = Annotated[
-    str | int,
-    Field(
-        description="Exact decimal as a JSON string or integer, at most 20 integer and 18 "
-        "fractional digits; never a float.",
-        examples=["150.00"],
-    ),
-]
-
-
-class OperationIn(BaseModel):
-    id: uuid.UUID
-    account_id: uuid.UUID
-    type: Literal["DEBIT", "CREDIT"]
-    amount: Amount
-    asset_code: str = Field(pattern=r"^[A-Z][A-Z0-9]{0,9}$", examples=["BRL"])
-
-
-class TransactionIn(BaseModel):
-    """A ledger transaction: debits sum to credits sum to ``amount``, every amount > 0."""
-
-    id: uuid.UUID
-    organization_id: uuid.UUID
-    ledger_id: uuid.UUID
-    description: str | None = None
-    status: Literal["PENDING", "APPROVED", "CANCELED"]
-    asset_code: str = Field(pattern=r"^[A-Z][A-Z0-9]{0,9}$", examples=["BRL"])
-    amount: Amount
-    created_at: datetime | None = None
-    metadata: dict[str, Any] | None = None
-    operations: list[OperationIn] = Field(min_length=2)
-
-
-class CreditAnnotationIn(BaseModel):
-    """One job line. ``job_id`` is ignored: every line gets the job's id."""
-
-    id: uuid.UUID
-    job_id: uuid.UUID | None = None
-    document: str = Field(
-        description="CPF (11 digits) or CNPJ (14 characters, numeric or alphanumeric) with "
-        "valid check digits; punctuation allowed.",
-        examples=["529.982.247-25", "12.ABC.345/01DE-35"],
-    )
-    kind: Literal["RESTRICTION", "RELEASE"]
-    creditor: str
-    amount: Amount
-    occurred_on: date
-    reason: str | None = None
 
 
 class TransactionAccepted(BaseModel):

@@ -1,0 +1,248 @@
+"""What no schema states, checked in Python after msgspec's pass: the exact-decimal rules of
+amounts (no floats, 20 integer and 18 decimal digits), ISO 8601 ``created_at`` as
+``datetime.fromisoformat`` reads it, CPF/CNPJ check digits, and what PostgreSQL cannot store
+(NUL, lone surrogates, metadata numbers beyond ``numeric``). The double-entry sums are in
+:mod:`bulk_recorder.records.validation`, through :mod:`bulk_recorder.records.exact`.
+
+Each rule returns the clean value or raises :class:`RecordError` with the reason the DLQ header
+carries; ``where`` is the prefix of the field name ("" or "operations[3].").
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Final, NoReturn
+
+import msgspec
+
+from bulk_recorder.exceptions import BulkRecorderError
+from bulk_recorder.records.contract import (
+    MAX_METADATA_BYTES,
+    MAX_METADATA_EXPONENT,
+    RecordError,
+)
+from bulk_recorder.records.documents import normalize_document
+from bulk_recorder.records.schema import ASSET_PATTERN, ENCODE, PARSE
+
+MISSING: Final = object()
+
+# Exactly what numeric(38,18) stores without rounding: 20 integer digits, 18 decimals.
+_AMOUNT_MATCH: Final = re.compile(r"[0-9]{1,20}(?:\.[0-9]{1,18})?").fullmatch
+# Looser shape, only used to explain why an amount failed the strict pattern.
+_NUMBER_MATCH: Final = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?").fullmatch
+_AMOUNT_LIMIT: Final = 10**20
+_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
+_ASSET_MATCH: Final = re.compile(ASSET_PATTERN).search
+_KINDS: Final[dict[type, str]] = {
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    Decimal: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+}
+
+
+def fail(where: str, key: str, message: str) -> NoReturn:
+    raise RecordError(f"{where}{key}: {message}")
+
+
+def kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def type_error(where: str, key: str, value: Any, expected: str) -> NoReturn:
+    if value is MISSING:
+        fail(where, key, "missing")
+    fail(where, key, f"must be {expected}, not {kind_of(value)}")
+
+
+def uuids(joined: str) -> bool:
+    """True if ``joined``, ids of 36 characters each (the schema saw to that) laid end to end,
+    holds only UUIDs as UUID_PATTERN has them: hex digits but for a hyphen at 8, 13, 18 and 23.
+
+    Byte operations in C rather than the pattern: a regex walks every character in Python's
+    engine, twice the time of these for a transaction's seven ids.
+    """
+    if not joined.isascii():
+        return False
+    data = joined.encode()
+    hyphens = b"-" * (len(data) // 9)  # four in every 36 characters
+    return (
+        data.translate(None, _HEX_DIGITS) == hyphens
+        and data[8::36] + data[13::36] + data[18::36] + data[23::36] == hyphens
+    )
+
+
+def operation_asset(value: str, asset_code: str, where: str) -> None:
+    """An operation's asset is its transaction's (``asset_code``, already valid)."""
+    if value != asset_code:
+        if not _ASSET_MATCH(value):
+            fail(
+                where,
+                "asset_code",
+                "must be 1-10 upper-case letters or digits, starting with a letter",
+            )
+        fail(where, "asset_code", f"{value} != transaction asset {asset_code}")
+
+
+def amount(value: Any, positive: bool, where: str = "", key: str = "amount") -> Decimal:
+    """An exact decimal from a JSON string ("1050.25") or integer (1000), never a float."""
+    kind = type(value)
+    if kind is str and _AMOUNT_MATCH(value):
+        parsed = Decimal(value)
+        if positive and not parsed:
+            fail(where, key, "must be > 0")
+        return parsed
+    if kind is int and 0 <= value < _AMOUNT_LIMIT:
+        if positive and not value:
+            fail(where, key, "must be > 0")
+        return Decimal(value)
+    _bad_amount(value, positive, where, key)
+
+
+def _bad_amount(value: Any, positive: bool, where: str, key: str) -> NoReturn:
+    sign_error = "must be > 0" if positive else "must be >= 0"
+    kind = type(value)
+    if kind is int:
+        fail(where, key, sign_error if value < 0 else "out of range")
+    if kind is Decimal or kind is float:
+        fail(where, key, "must be a decimal string or integer, not a float")
+    if kind is not str:
+        type_error(where, key, value, "a decimal string or integer")
+    match = _NUMBER_MATCH(value)
+    if match is None:
+        fail(where, key, "invalid decimal (expected digits with an optional '.' fraction)")
+    if match[1]:
+        fail(where, key, sign_error)
+    if len(match[2]) > 20:
+        fail(where, key, "out of range")
+    fail(where, key, "more than 18 decimal places")
+
+
+def storable_text(value: str, key: str, twin: str | None = None) -> None:
+    """PostgreSQL text holds no NUL and no lone surrogate (``twin``, the same text read with
+    another stand-in for lone surrogates, differs where there was one)."""
+    if "\x00" in value:
+        fail("", key, "contains NUL")
+    if twin is not None and twin != value:
+        fail("", key, "invalid unicode")
+
+
+def created_at(value: str) -> datetime:
+    """Any ISO 8601 form ``datetime.fromisoformat`` reads, with a timezone; returned in UTC."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        fail("", "created_at", "invalid ISO 8601 datetime")
+    tz = parsed.tzinfo
+    if tz is UTC:  # "Z" or "+00:00": nothing to convert
+        return parsed
+    if tz is None or parsed.utcoffset() is None:
+        fail("", "created_at", "timezone required")
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00+01:00
+        fail("", "created_at", "out of range")
+
+
+def document(value: str) -> tuple[str, str]:
+    try:
+        return normalize_document(value)
+    except ValueError as exc:
+        fail("", "document", str(exc))
+
+
+# -- metadata: stored as jsonb, from compact JSON text with every number as sent -------------
+
+
+class _HugeExponent(BulkRecorderError):
+    """A metadata number's exponent is past the limit (turned into its RecordError)."""
+
+
+def _bounded_decimal(text: str) -> Decimal:
+    number = Decimal(text)
+    if abs(number.adjusted()) > MAX_METADATA_EXPONENT:
+        raise _HugeExponent
+    return number
+
+
+# Metadata fractions are rare: the hook costs nothing for the usual strings and integers.
+_PARSE_METADATA: Final = msgspec.json.Decoder(float_hook=_bounded_decimal).decode
+
+
+def metadata_from_raw(raw: msgspec.Raw) -> str | None:
+    """The metadata of a body that passed the schema (so it is JSON without lone surrogates)."""
+    try:
+        value = _PARSE_METADATA(raw)
+    except _HugeExponent:
+        return metadata(PARSE(raw))  # NUL is reported before the exponent
+    if value is None:
+        return None
+    if type(value) is not dict:
+        type_error("", "metadata", value, "an object or null")
+    text = ENCODE(value)
+    if b"\\u0000" in text and _contains_nul(value):  # msgspec writes NUL as \u0000
+        fail("", "metadata", "contains NUL")
+    return _sized(text)
+
+
+def metadata(value: Any, twin: Any = MISSING) -> str | None:
+    """The metadata as parsed from any JSON (explain's path), every rule in the old order;
+    ``twin`` as for storable_text."""
+    if value is None:
+        return None
+    if type(value) is not dict:
+        type_error("", "metadata", value, "an object or null")
+    if _contains_nul(value):
+        fail("", "metadata", "contains NUL")
+    if _huge_exponent(value):
+        fail("", "metadata", f"number out of range (exponent beyond {MAX_METADATA_EXPONENT})")
+    text = ENCODE(value)
+    if twin is not MISSING and ENCODE(twin) != text:
+        fail("", "metadata", "invalid unicode")
+    return _sized(text)
+
+
+def _sized(text: bytes) -> str:
+    if len(text) > MAX_METADATA_BYTES:
+        fail("", "metadata", f"larger than {MAX_METADATA_BYTES} bytes serialized")
+    return text.decode()
+
+
+def _children(node: Any) -> Any:
+    return node.values() if type(node) is dict else node
+
+
+def _huge_exponent(root: Any) -> bool:
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is dict or kind is list:
+            stack.extend(_children(node))
+        elif kind is Decimal and abs(node.adjusted()) > MAX_METADATA_EXPONENT:
+            return True
+    return False
+
+
+def _contains_nul(root: Any) -> bool:
+    """True if any string or key anywhere in ``root`` holds a NUL character."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            for k, v in node.items():
+                if "\x00" in k:
+                    return True
+                stack.append(v)
+        elif type(node) is list:
+            stack.extend(node)
+        elif type(node) is str and "\x00" in node:
+            return True
+    return False

@@ -1,0 +1,145 @@
+"""The wire format of docs/messages.md as msgspec types: one schema, checked in C.
+
+msgspec decodes a body into these structs and checks JSON types, required fields, enumerations,
+UUID and asset-code patterns, text lengths and the number of operations in the same pass, so a
+valid message costs one parse and no per-field Python. What no schema states stays in Python
+(:mod:`bulk_recorder.records.rules`): CPF/CNPJ check digits, the double-entry sums, and the
+exact-decimal rules of amounts -- which is why amounts are declared ``str | int`` here (a JSON
+float never becomes a Python float: it fails this type and is explained as a float) and
+metadata is kept as raw JSON text, re-read with every fraction as a ``Decimal``.
+
+Field order is the order in which rules are checked and a failure reported
+(:mod:`bulk_recorder.records.explain` walks the fields in this order).
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+from bulk_recorder.records.contract import (
+    MAX_ANNOTATION_REASON_LEN,
+    MAX_CREDITOR_LEN,
+    MAX_DESCRIPTION_LEN,
+    MAX_OPERATIONS,
+)
+
+__all__ = [
+    "BODY_DECODERS",
+    "ENCODE",
+    "PARSE",
+    "CreditAnnotationIn",
+    "OperationIn",
+    "TransactionIn",
+]
+
+# msgspec patterns are searched, not matched: anchor both ends (\Z, since $ also matches before
+# a final newline).
+UUID_PATTERN: Final = (
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z"
+)
+ASSET_PATTERN: Final = r"^[A-Z][A-Z0-9]{0,9}\Z"
+NOT_BLANK_PATTERN: Final = r"\S"  # \S is "not str.isspace()", the test str.strip() uses
+# JSON Schema's regex dialect (ECMA 262) has no \Z; its $ matches only at the end.
+_PUBLISHED_UUID: Final = UUID_PATTERN.removesuffix("\\Z") + "$"
+_PUBLISHED_ASSET: Final = ASSET_PATTERN.removesuffix("\\Z") + "$"
+
+# msgspec checks a ``pattern`` by calling Python's re once per field: seven calls per
+# transaction were two thirds of its pass. So the schema checks a UUID's length here and
+# rules.uuids its shape, every id of a record at once (the pattern is published all the same).
+Uuid = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=36,
+        max_length=36,
+        extra_json_schema={"format": "uuid", "pattern": _PUBLISHED_UUID},
+    ),
+]
+AssetCode = Annotated[
+    str,
+    msgspec.Meta(pattern=ASSET_PATTERN, extra_json_schema={"pattern": _PUBLISHED_ASSET}),
+]
+# An operation's asset must equal its transaction's (valid) one: rules.operation_asset.
+OperationAsset = Annotated[str, msgspec.Meta(extra_json_schema={"pattern": _PUBLISHED_ASSET})]
+# An exact decimal as a JSON string or integer; its digit limits are rules.amount's.
+Amount = Annotated[
+    str | int,
+    msgspec.Meta(
+        description="Exact decimal as a JSON string or integer, at most 20 integer and 18 "
+        "fractional digits; never a float.",
+        examples=["150.00"],
+    ),
+]
+Metadata = Annotated[
+    msgspec.Raw,  # kept as sent; rules.metadata wants an object (or null) and keeps its numbers
+    msgspec.Meta(
+        description="A JSON object (or null), stored as jsonb with its numbers digit for digit.",
+        extra_json_schema={"anyOf": [{"type": "object"}, {"type": "null"}]},
+    ),
+]
+
+
+def _null() -> msgspec.Raw:
+    return msgspec.Raw(b"null")
+
+
+class OperationIn(msgspec.Struct, kw_only=True, gc=False):
+    """One leg of a transaction."""
+
+    id: Uuid
+    account_id: Uuid
+    type: Literal["DEBIT", "CREDIT"]
+    amount: Amount
+    asset_code: OperationAsset
+
+
+class TransactionIn(msgspec.Struct, kw_only=True, gc=False):
+    """A ledger transaction: debits sum to credits sum to ``amount``, every amount > 0."""
+
+    id: Uuid
+    organization_id: Uuid
+    ledger_id: Uuid
+    description: Annotated[str, msgspec.Meta(max_length=MAX_DESCRIPTION_LEN)] | None = None
+    status: Literal["PENDING", "APPROVED", "CANCELED"]
+    asset_code: AssetCode
+    amount: Amount
+    # ISO 8601 as datetime.fromisoformat reads it, with a timezone: rules.created_at.
+    created_at: Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})] | None = (
+        None
+    )
+    metadata: Metadata = msgspec.field(default_factory=_null)
+    operations: Annotated[list[OperationIn], msgspec.Meta(min_length=2, max_length=MAX_OPERATIONS)]
+
+
+class CreditAnnotationIn(msgspec.Struct, kw_only=True, gc=False):
+    """One job line. ``job_id`` is ignored: every line gets the job's id."""
+
+    id: Uuid
+    job_id: Uuid | None = None
+    document: Annotated[  # the check digits: documents.normalize_document
+        str,
+        msgspec.Meta(
+            description="CPF (11 digits) or CNPJ (14 characters, numeric or alphanumeric) with "
+            "valid check digits; punctuation allowed.",
+            examples=["529.982.247-25", "12.ABC.345/01DE-35"],
+        ),
+    ]
+    kind: Literal["RESTRICTION", "RELEASE"]
+    creditor: Annotated[str, msgspec.Meta(max_length=MAX_CREDITOR_LEN, pattern=NOT_BLANK_PATTERN)]
+    amount: Amount
+    occurred_on: date  # YYYY-MM-DD, a real date
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_ANNOTATION_REASON_LEN)] | None = None
+
+
+BODY_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
+    "transaction": msgspec.json.Decoder(TransactionIn),
+    "credit_annotation": msgspec.json.Decoder(CreditAnnotationIn),
+}
+# Any JSON, every number with a fraction or exponent as an exact Decimal (never a float);
+# integers stay int (msgspec refuses the ones over sys.get_int_max_str_digits(), as int() does).
+PARSE: Final = msgspec.json.Decoder(float_hook=Decimal).decode
+# Compact JSON, UTF-8 kept as is, a Decimal written digit for digit as a number.
+ENCODE: Final = msgspec.json.Encoder(decimal_format="number").encode

@@ -37,7 +37,7 @@ from bulk_recorder.records.schema import BODY_DECODERS, CreditAnnotationIn, Tran
 
 __all__ = ["decode"]
 
-logger = logging.getLogger("bulk_recorder.records")  # the name logs have always carried
+logger = logging.getLogger(__name__)
 
 # An integer over the interpreter's digit limit is not JSON we accept, even in a field nobody
 # reads (where msgspec's pass skips it unconverted): a run that long sends the body to explain.

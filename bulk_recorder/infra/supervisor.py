@@ -59,8 +59,14 @@ class Supervisor:
         return name in self._due or (name in self._tasks and not self._tasks[name].done())
 
     def down(self) -> list[str]:
-        """The supervised tasks not running now (ended, waiting for their restart)."""
-        return [name for name, task in self._tasks.items() if task.done()]
+        """The supervised tasks not running now (ended, waiting for their restart). A ``once``
+        task that returned is done, not down, also before its end is handled (the done
+        callback runs a loop turn later: readiness must not flicker in between)."""
+        return [
+            name
+            for name, task in self._tasks.items()
+            if task.done() and not (self._starters[name][1] and _returned(task))
+        ]
 
     def restarts(self, prefix: str = "") -> int:
         """How many times the tasks whose name starts with ``prefix`` were started again."""
@@ -94,8 +100,7 @@ class Supervisor:
         if self.closing or self._tasks.get(name) is not task:
             return
         _, once = self._starters[name]
-        failed = task.cancelled() or task.exception() is not None
-        if once and not failed:
+        if once and _returned(task):
             del self._tasks[name]
             return
         delay = self._backoff.ceiling(self._ends[name])
@@ -110,6 +115,11 @@ class Supervisor:
         log.warning("restarting %s", name)
         self._restarts[name] += 1
         self._run(name)
+
+
+def _returned(task: asyncio.Task[None]) -> bool:
+    """The task ended by returning: neither cancelled nor raising."""
+    return not task.cancelled() and task.exception() is None
 
 
 def _log_end(task: asyncio.Task[None], delay: float) -> None:

@@ -119,6 +119,14 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(replay_dlq(settings, limit=args.limit))
 
 
+def cmd_healthcheck(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.healthcheck import check
+
+    code, line = check(settings, pid=args.pid, timeout_s=args.timeout)
+    print(line)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bulk-recorder",
@@ -170,6 +178,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--poll-interval", type=float, default=1.0, help="seconds between polls without NOTIFY"
     )
     api_keys.add_parser(sub)
+    health = sub.add_parser(
+        "healthcheck",
+        help="the container's health check: exit 0 when the role it runs (consume, relay or "
+        "api) answers its own /readyz, else 1",
+    )
+    health.add_argument(
+        "--pid",
+        type=_positive_int,
+        default=None,
+        help="check the role that this process runs (default: process 1, else the first "
+        "bulk-recorder role process)",
+    )
+    health.add_argument("--timeout", type=float, default=2.0, help="seconds for the answer")
     return parser
 
 
@@ -182,6 +203,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "api": cmd_api,
     "relay": cmd_relay,
     "api-key": api_keys.cmd_api_key,
+    "healthcheck": cmd_healthcheck,
 }
 
 
@@ -215,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings()
     except SettingsError as exc:
         print(f"bulk-recorder: {exc}", file=sys.stderr)
-        return EXIT_SETTINGS
+        # A container engine reads a health check's 1 as unhealthy and reserves 2.
+        return 1 if args.command == "healthcheck" else EXIT_SETTINGS
     setup_logging(settings.log_level, settings.log_format)
     one_shot = args.command in ONE_SHOT_NEEDS
     needs = ONE_SHOT_NEEDS.get(args.command) or LONG_RUNNING_NEEDS.get(args.command, ())
@@ -232,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
             return EXIT_UNREACHABLE
     try:
-        return COMMANDS[args.command](settings.for_role(args.command), args)
+        # The health check resolves the ports of the role it checks, not its own.
+        if args.command != "healthcheck":
+            settings = settings.for_role(args.command)
+        return COMMANDS[args.command](settings, args)
     except PortUnavailable as exc:
         print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
         return EXIT_SETTINGS

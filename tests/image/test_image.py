@@ -221,13 +221,17 @@ async def test_the_contracts_settings_take_effect_in_the_container(
     single = containers(
         "consume", container_env(settings, "consume", BULK_RECORDER_ENABLED="false")
     )
-    for container in (sized, single):
+    direct = containers(
+        "consume", container_env(settings, "consume", RABBITMQ_TRANSACTION_ASYNC="false")
+    )
+    for container in (sized, single, direct):
         await _healthy(container)
     assert _started_lines(sized, "Bulk mode is ACTIVE")
     assert _started_lines(sized, "size=7 "), sized.logs()
     assert _started_lines(single, "Bulk mode is INACTIVE (BULK_RECORDER_ENABLED=false)")
     assert _started_lines(single, "size=1 "), single.logs()
-    for container in (sized, single):
+    assert _started_lines(direct, "Bulk mode is INACTIVE (RABBITMQ_TRANSACTION_ASYNC=false)")
+    for container in (sized, single, direct):
         container.stop(_grace_s())
 
     sync_env = container_env(settings, "api", RABBITMQ_TRANSACTION_ASYNC="false", API_AUTH="off")

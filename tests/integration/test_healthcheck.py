@@ -106,7 +106,8 @@ async def test_healthcheck_is_unhealthy_while_the_role_serves_but_is_not_ready(
         broken = make_settings(
             metrics_port=None, rabbitmq_url=f"amqp://guest:guest@127.0.0.1:{nowhere}/"
         )
-    port = free_port()
+    while (port := free_port()) == nowhere:
+        pass
     env = _role_env(broken, role, port)
     with _running(role, env, tmp_path / f"{role}.log") as proc:
         results: list[tuple[int, str]] = []

@@ -119,9 +119,16 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(replay_dlq(settings, limit=args.limit))
 
 
-def cmd_healthcheck(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.healthcheck import check
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """Exit 0 or 1 only: a container engine reads 1 as unhealthy and reserves 2. The settings
+    are not resolved for this command: the check resolves those of the role it checks."""
+    from consumer.healthcheck import UNHEALTHY, check
 
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"unhealthy: {exc}")
+        return UNHEALTHY
     code, line = check(settings, pid=args.pid, timeout_s=args.timeout)
     print(line)
     return code
@@ -203,7 +210,6 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "api": cmd_api,
     "relay": cmd_relay,
     "api-key": api_keys.cmd_api_key,
-    "healthcheck": cmd_healthcheck,
 }
 
 
@@ -233,12 +239,13 @@ def _fraction(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "healthcheck":
+        return cmd_healthcheck(args)
     try:
         settings = load_settings()
     except SettingsError as exc:
         print(f"bulk-recorder: {exc}", file=sys.stderr)
-        # A container engine reads a health check's 1 as unhealthy and reserves 2.
-        return 1 if args.command == "healthcheck" else EXIT_SETTINGS
+        return EXIT_SETTINGS
     setup_logging(settings.log_level, settings.log_format)
     one_shot = args.command in ONE_SHOT_NEEDS
     needs = ONE_SHOT_NEEDS.get(args.command) or LONG_RUNNING_NEEDS.get(args.command, ())
@@ -255,10 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
             return EXIT_UNREACHABLE
     try:
-        # The health check resolves the ports of the role it checks, not its own.
-        if args.command != "healthcheck":
-            settings = settings.for_role(args.command)
-        return COMMANDS[args.command](settings, args)
+        return COMMANDS[args.command](settings.for_role(args.command), args)
     except PortUnavailable as exc:
         print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
         return EXIT_SETTINGS

@@ -152,3 +152,14 @@ def test_role_of_reads_the_command_that_follows_the_program(
     argv: list[str], role: str | None
 ) -> None:
     assert role_of(argv) == role
+
+
+def test_healthcheck_with_a_bad_setting_is_unhealthy_exit_1_never_2(
+    make_settings: SettingsFactory,
+) -> None:
+    """A container engine reads exit 1 as unhealthy and reserves 2 (the CLI's bad-settings
+    code), so the health check turns a bad setting into 1 with one line naming it."""
+    env = settings_env(make_settings(), METRICS_PORT="not-a-port")
+    code, line = _healthcheck(env, 1)
+    assert code == 1, line
+    assert line.startswith("unhealthy: invalid settings: METRICS_PORT"), line

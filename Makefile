@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-tools lock lint test test-image test-unit mutants demo demo-api run bench soak clean
+.PHONY: install system-tools lock lint test test-image test-compose test-unit mutants demo demo-api run bench soak clean
 
 install: $(STAMP)
 
@@ -53,6 +53,11 @@ test: system-tools lint
 # runs every role from it against the local services.
 test-image: $(STAMP)
 	@bash tests/image/run.sh
+
+# docker-compose.yml up with podman-compose on podman's bridge network (tests/compose): RabbitMQ,
+# PostgreSQL and Prometheus from stand-ins built from Debian's packages, Grafana not run.
+test-compose: $(STAMP)
+	@bash tests/compose/run.sh
 
 # Every mutant in tests/mutants/mutants.py, each on a scratch copy against its promise's tests,
 # after checking those tests pass unmutated. Ends with "mutants: N killed, 0 survived".

@@ -10,8 +10,6 @@ explicitly to a free one.
 from __future__ import annotations
 
 import os
-import random
-import socket
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -36,28 +34,6 @@ def image() -> str:
     return IMAGE
 
 
-_GIVEN: set[int] = set()
-_RANDOM = random.Random()
-
-
-def fresh_port() -> int:
-    """A free port on the loopback, below the kernel's ephemeral range (32768 and up, where every
-    outgoing connection of the machine takes its local port, and where free_port() finds its
-    ports), never handed out twice in a session: a port is free only until its container binds
-    it, seconds later. Clear of the ports other work here keeps (5790-5799, 25790-25799)."""
-    while True:
-        port = _RANDOM.randrange(26_000, 32_768)
-        if port in _GIVEN:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _GIVEN.add(port)
-        return port
-
-
 def container_env(settings: Settings, role: str, **extra: str) -> dict[str, str]:
     """The environment of a ``role`` container with these settings: only what the test sets
     (the image's own defaults for the rest), loopback only, the role's port free and explicit."""
@@ -70,9 +46,9 @@ def container_env(settings: Settings, role: str, **extra: str) -> dict[str, str]
         "METRICS_HOST": "127.0.0.1",
     }
     if role == "api":
-        env["API_PORT"] = str(fresh_port())
+        env["API_PORT"] = str(podman.fresh_port())
     elif role in ("consume", "relay"):
-        env["METRICS_PORT"] = str(fresh_port())
+        env["METRICS_PORT"] = str(podman.fresh_port())
     env.update(extra)
     return env
 

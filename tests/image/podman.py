@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import time
 import uuid
@@ -17,6 +19,27 @@ from pathlib import Path
 from typing import Any
 
 CONF = Path(__file__).with_name("containers.conf")
+
+_GIVEN: set[int] = set()
+_RANDOM = random.Random()
+
+
+def fresh_port() -> int:
+    """A free port on the loopback, below the kernel's ephemeral range (32768 and up, where every
+    outgoing connection of the machine takes its local port, and where free_port() finds its
+    ports), never handed out twice in a session: a port is free only until its container binds
+    it, seconds later. Clear of the ports other work here keeps (5790-5799, 25790-25799)."""
+    while True:
+        port = _RANDOM.randrange(26_000, 32_768)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
 
 
 def podman(

@@ -22,7 +22,7 @@ from consumer.tools.loadgen import Generator
 from settings import Settings
 from tests.conftest import REPO, SettingsFactory, wait_for
 from tests.image import podman
-from tests.image.conftest import Start, container_env, fresh_port
+from tests.image.conftest import Start, container_env
 from tests.integration.producer_support import balances, expected_balances
 
 pytestmark = [pytest.mark.image, pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -115,7 +115,7 @@ async def test_each_roles_health_check_is_unhealthy_while_the_role_is_not_ready(
 ) -> None:
     """The role serves its port, but the service it needs refuses it: /readyz is 503 and the
     health check fails (not a port that nothing listens on)."""
-    nowhere = fresh_port()
+    nowhere = podman.fresh_port()
     if role == "api":
         settings = make_settings(database_url=f"postgresql://postgres@127.0.0.1:{nowhere}/x")
     else:

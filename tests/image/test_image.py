@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -263,3 +264,15 @@ def test_the_image_is_the_dockerfiles_with_its_health_check_kept(image: str) -> 
     dockerfile = (REPO / "Dockerfile").read_text()
     assert 'CMD ["bulk-recorder", "healthcheck"]' in dockerfile
     assert "9464/healthz" not in dockerfile
+
+
+def test_the_machines_ca_bundle_used_by_the_build_is_in_no_layer(image: str) -> None:
+    """The build mounts the machine's CA bundle for pip (TLS to the index goes through it here);
+    the image keeps its base's own bundle."""
+    host = Path("/etc/ssl/certs/ca-certificates.crt")
+    if not host.exists():
+        pytest.skip("no CA bundle on this machine")
+    done = podman.podman(
+        "run", "--rm", "--network=none", "--entrypoint=cat", image, str(host), check=False
+    )
+    assert done.stdout.encode() != host.read_bytes()

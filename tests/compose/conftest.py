@@ -9,11 +9,13 @@ seconds, as an engine's timer would.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +30,9 @@ ENABLED = os.environ.get("TEST_COMPOSE", "") not in ("", "0")
 COMPOSE = os.environ.get("PODMAN_COMPOSE", "podman-compose")
 OVERRIDE = Path(__file__).with_name("standins.yml")
 # The services run here: every one of docker-compose.yml but Grafana (no Debian package).
-SERVICES = ("rabbitmq", "postgres", "recorder", "relay", "api", "prometheus")
+# `migrate` is one-shot: it runs to exit 0 before the recorder, relay and API start.
+SERVICES = ("rabbitmq", "postgres", "migrate", "recorder", "relay", "api", "prometheus")
+BUILT = ("migrate", "recorder", "relay", "api")
 HEALTH_CHECKED = ("rabbitmq", "postgres", "recorder", "relay", "api")
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -72,8 +76,16 @@ class Pipeline:
             argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
         )
 
-    def containers(self, service: str | None = None) -> list[str]:
+    def up(self, *services: str) -> None:
+        """`up -d --build --no-deps SERVICES`: each started once what it depends on is met."""
+        done = self.compose("up", "-d", "--build", "--no-deps", *services)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    def containers(self, service: str | None = None, *, exited: bool = False) -> list[str]:
+        """The project's running containers (with ``exited``, those that have stopped too)."""
         argv = ["ps", "--format", "{{.Names}}", "--filter", f"label={_PROJECT}={self.project}"]
+        if exited:
+            argv.append("--all")
         if service:
             argv += ["--filter", f"label={_SERVICE}={service}"]
         return sorted(podman.podman(*argv).stdout.split())
@@ -98,6 +110,25 @@ def _health_loop(pipeline: Pipeline, stop: threading.Event) -> None:
             podman.podman("healthcheck", "run", name, check=False, timeout=60)
 
 
+def _wait_healthy(pipeline: Pipeline, services: tuple[str, ...], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    states: dict[str, list[str]] = {}
+    while time.monotonic() < deadline:
+        states = {
+            service: [health_status(name) for name in pipeline.containers(service)]
+            for service in services
+        }
+        if all(s and all(h == "healthy" for h in s) for s in states.values()):
+            return
+        time.sleep(1)
+    raise AssertionError(f"not healthy within {timeout:.0f} s: {states}")
+
+
+def health_status(name: str) -> str:
+    state = json.loads(podman.podman("inspect", name).stdout)[0]["State"]
+    return str((state.get("Health") or state.get("Healthcheck") or {}).get("Status", ""))
+
+
 def _remove(project: str) -> None:
     """Everything of the project, also what `down` does not know (scaled replicas)."""
     label = f"label={_PROJECT}={project}"
@@ -111,6 +142,9 @@ def _remove(project: str) -> None:
     if volumes:
         podman.podman("volume", "rm", "--force", *volumes, check=False)
     podman.podman("network", "rm", "--force", f"{project}_default", check=False)
+    # The images podman-compose built under the project's name (their layers stay cached).
+    built = [f"localhost/{project}_{service}" for service in BUILT]
+    podman.podman("rmi", "--force", "--ignore", *built, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +157,9 @@ def pipeline(
     env = {
         "POSTGRES_PASSWORD": "pg" + secrets.token_hex(12),
         "RABBITMQ_PASSWORD": "mq" + secrets.token_hex(12),
+        "RECORDER_DB_PASSWORD": "rec" + secrets.token_hex(12),
+        "RELAY_DB_PASSWORD": "rel" + secrets.token_hex(12),
+        "API_DB_PASSWORD": "api" + secrets.token_hex(12),
         "GRAFANA_ADMIN_PASSWORD": "not-run-" + secrets.token_hex(4),
     }
     env_file = where / ".env"
@@ -134,9 +171,18 @@ def pipeline(
     stop = threading.Event()
     checker = threading.Thread(target=_health_loop, args=(running, stop), daemon=True)
     try:
-        up = running.compose("up", "-d", "--build", *SERVICES)
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         checker.start()
+        # In the order of docker-compose.yml's depends_on conditions, which podman-compose does
+        # not keep with podman 4.3 (it skips service_healthy before podman 4.6, and a
+        # container --requires'ing an exited one-shot cannot be started): the services, healthy;
+        # then `migrate`, to exit 0; then the project's services.
+        running.up("rabbitmq", "postgres")
+        _wait_healthy(running, ("rabbitmq", "postgres"))
+        running.up("migrate")
+        (migrate,) = running.containers("migrate", exited=True)
+        code = podman.podman("wait", migrate, timeout=300).stdout.strip()
+        assert code == "0", podman.podman("logs", migrate, check=False).stderr[-2000:]
+        running.up("recorder", "relay", "api", "prometheus")
         yield running
     finally:
         stop.set()

@@ -19,17 +19,12 @@ import httpx
 import pytest
 
 from consumer.tools.loadgen import Generator
-from tests.compose.conftest import HEALTH_CHECKED, Pipeline
+from tests.compose.conftest import HEALTH_CHECKED, Pipeline, health_status
 from tests.conftest import wait_for
 from tests.image import podman
 from tests.integration.producer_support import balances, expected_balances
 
 pytestmark = [pytest.mark.compose]
-
-
-def _health(name: str) -> str:
-    state = json.loads(podman.podman("inspect", name).stdout)[0]["State"]
-    return str((state.get("Health") or state.get("Healthcheck") or {}).get("Status", ""))
 
 
 async def _all_healthy(pipeline: Pipeline, services: tuple[str, ...], timeout: float = 180) -> None:
@@ -38,8 +33,8 @@ async def _all_healthy(pipeline: Pipeline, services: tuple[str, ...], timeout: f
     def healthy() -> bool:
         for service in services:
             names = pipeline.containers(service)
-            seen[service] = ",".join(f"{n}={_health(n)}" for n in names) or "no container"
-            if not names or any(_health(n) != "healthy" for n in names):
+            seen[service] = ",".join(f"{n}={health_status(n)}" for n in names) or "no container"
+            if not names or any(health_status(n) != "healthy" for n in names):
                 return False
         return True
 
@@ -80,13 +75,45 @@ _KEYS: dict[str, str] = {}
 
 
 def _key(pipeline: Pipeline) -> str:
-    """An API key made as the README says (`bulk-recorder api-key create shop`), in the API's
-    own container: printed once on stdout."""
+    """An API key made as the README says, through the owner's one-shot service (the API's own
+    role may only read keys): `docker compose run --rm migrate api-key create shop`."""
     if "shop" not in _KEYS:
-        (api,) = pipeline.containers("api")
-        made = podman.podman("exec", api, "bulk-recorder", "api-key", "create", "shop")
-        _KEYS["shop"] = made.stdout.strip()
+        made = pipeline.compose("run", "--rm", "--no-deps", "migrate", "api-key", "create", "shop")
+        assert made.returncode == 0, made.stderr[-2000:]
+        keys = [line for line in made.stdout.split() if line.startswith("brk_")]
+        assert len(keys) == 1, made.stdout
+        _KEYS["shop"] = keys[0]
     return _KEYS["shop"]
+
+
+async def test_the_services_connect_as_their_own_least_privilege_logins(
+    pipeline: Pipeline,
+) -> None:
+    """`migrate` ran as the owner and exited 0; every database session of the recorder, the
+    relay and the API is its own login role, none the superuser."""
+    await _all_healthy(pipeline, HEALTH_CHECKED)
+    (migrate,) = pipeline.containers("migrate", exited=True)
+    state = json.loads(podman.podman("inspect", migrate).stdout)[0]["State"]
+    assert (state["Status"], state["ExitCode"]) == ("exited", 0), state
+    conn = await asyncpg.connect(_database_url(pipeline))
+    try:
+        users = await conn.fetch(
+            "SELECT usename, count(*) FROM pg_stat_activity "
+            "WHERE datname = 'bulk_recorder' AND pid <> pg_backend_pid() GROUP BY usename"
+        )
+        member_of = await conn.fetch(
+            "SELECT m.rolname AS login, r.rolname AS role, m.rolsuper "
+            "FROM pg_auth_members a JOIN pg_roles r ON r.oid = a.roleid "
+            "JOIN pg_roles m ON m.oid = a.member WHERE m.rolname LIKE '%_login'"
+        )
+    finally:
+        await conn.close()
+    assert {row["usename"] for row in users} == {"recorder_login", "relay_login", "api_login"}
+    assert {(r["login"], r["role"], r["rolsuper"]) for r in member_of} == {
+        ("recorder_login", "bulk_recorder", False),
+        ("relay_login", "bulk_relay", False),
+        ("api_login", "bulk_api", False),
+    }
 
 
 async def test_a_job_in_through_the_api_with_a_readme_key_is_recorded_exactly(
@@ -153,7 +180,9 @@ def _acked(container: str) -> float:
 
 
 async def test_scale_recorder_2_shares_the_queue(pipeline: Pipeline) -> None:
-    scaled = pipeline.compose("up", "-d", "--no-build", "--scale", "recorder=2", "recorder")
+    scaled = pipeline.compose(
+        "up", "-d", "--no-build", "--no-deps", "--scale", "recorder=2", "recorder"
+    )
     assert scaled.returncode == 0, scaled.stderr[-3000:]
     await _all_healthy(pipeline, ("recorder",))
     recorders = pipeline.containers("recorder")

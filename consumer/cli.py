@@ -15,7 +15,7 @@ from typing import Any
 
 from bulk_recorder.infra.logs import setup_logging
 from bulk_recorder.infra.reach import Unreachable, check_services, check_tls
-from consumer import api_keys
+from consumer import api_keys, healthcheck
 from consumer.failures import failure_line
 from consumer.health import PortUnavailable
 from consumer.producer import cmd_api, cmd_relay
@@ -122,14 +122,12 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_healthcheck(args: argparse.Namespace) -> int:
     """Exit 0 or 1 only: a container engine reads 1 as unhealthy and reserves 2. The settings
     are not resolved for this command: the check resolves those of the role it checks."""
-    from consumer.healthcheck import UNHEALTHY, check
-
     try:
         settings = load_settings()
     except SettingsError as exc:
         print(f"unhealthy: {exc}")
-        return UNHEALTHY
-    code, line = check(settings, pid=args.pid, timeout_s=args.timeout)
+        return healthcheck.UNHEALTHY
+    code, line = healthcheck.check(settings, pid=args.pid, timeout_s=args.timeout)
     print(line)
     return code
 
@@ -185,19 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--poll-interval", type=float, default=1.0, help="seconds between polls without NOTIFY"
     )
     api_keys.add_parser(sub)
-    health = sub.add_parser(
-        "healthcheck",
-        help="the container's health check: exit 0 when the role it runs (consume, relay or "
-        "api) answers its own /readyz, else 1",
-    )
-    health.add_argument(
-        "--pid",
-        type=_positive_int,
-        default=None,
-        help="check the role that this process runs (default: process 1, else the first "
-        "bulk-recorder role process)",
-    )
-    health.add_argument("--timeout", type=float, default=2.0, help="seconds for the answer")
+    healthcheck.add_parser(sub)
     return parser
 
 

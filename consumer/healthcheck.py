@@ -10,10 +10,12 @@ API_HOST:API_PORT. Exit 0 when it answers 200, else 1 (a container engine reads 
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from settings import Settings
 
@@ -24,6 +26,29 @@ UNHEALTHY = 1
 ROLES = ("consume", "relay", "api")
 # How a bulk-recorder process shows in its command line: the console script or the module.
 _PROGRAMS = ("bulk-recorder", "consumer.cli")
+
+
+def add_parser(sub: Any) -> None:
+    health = sub.add_parser(
+        "healthcheck",
+        help="the container's health check: exit 0 when the role it runs (consume, relay or "
+        "api) answers its own /readyz, else 1",
+    )
+    health.add_argument(
+        "--pid",
+        type=_pid,
+        default=None,
+        help="check the role that this process runs (default: process 1, else the first "
+        "bulk-recorder role process)",
+    )
+    health.add_argument("--timeout", type=float, default=2.0, help="seconds for the answer")
+
+
+def _pid(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
 
 
 def role_of(argv: Sequence[str]) -> str | None:

@@ -30,7 +30,9 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001:10001
 EXPOSE 9464 8080
 STOPSIGNAL SIGTERM
-HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=2)"]
+# One check for every role: `bulk-recorder healthcheck` finds the role this container runs
+# (consume, relay or api) and asks its own /readyz, on the port that role's settings give.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
+  CMD ["bulk-recorder", "healthcheck"]
 ENTRYPOINT ["bulk-recorder"]
 CMD ["consume"]

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-tools lock lint test test-unit mutants demo demo-api run bench soak clean
+.PHONY: install system-tools lock lint test test-image test-compose test-unit mutants demo demo-api run bench soak clean
 
 install: $(STAMP)
 
@@ -46,6 +46,18 @@ lint: $(STAMP)
 test: system-tools lint
 	$(BIN)/pytest -q -p no:cacheprovider
 	$(BIN)/python -m tests.mutants.run --subset 2
+
+# The image, built from the Dockerfile and run with podman (tests/image, skipped by plain pytest):
+# installs podman, runc and debootstrap if missing, builds the stand-in base image once (no
+# registry here: Debian 12 with its Python 3.11, tagged python:3.11-slim), builds the image and
+# runs every role from it against the local services.
+test-image: $(STAMP)
+	@bash tests/image/run.sh
+
+# docker-compose.yml up with podman-compose on podman's bridge network (tests/compose): RabbitMQ,
+# PostgreSQL and Prometheus from stand-ins built from Debian's packages, Grafana not run.
+test-compose: $(STAMP)
+	@bash tests/compose/run.sh
 
 # Every mutant in tests/mutants/mutants.py, each on a scratch copy against its promise's tests,
 # after checking those tests pass unmutated. Ends with "mutants: N killed, 0 survived".

@@ -21,12 +21,12 @@ from bulk_recorder.exceptions import (
 )
 from bulk_recorder.infra.logs import setup_logging
 from bulk_recorder.infra.reach import Unreachable, check_services, check_tls
-from consumer import api_keys
+from consumer import api_keys, healthcheck
 from consumer.failures import failure_line
 from consumer.producer import cmd_api, cmd_relay
 from consumer.runner import run_async, with_stop_signals
 from consumer.tools import outbox as outbox_tool
-from settings import Settings, load_settings
+from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,19 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(replay_dlq(settings, limit=args.limit))
 
 
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """Exit 0 or 1 only: a container engine reads 1 as unhealthy and reserves 2. The settings
+    are not resolved for this command: the check resolves those of the role it checks."""
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"unhealthy: {exc}")
+        return healthcheck.UNHEALTHY
+    code, line = healthcheck.check(settings, pid=args.pid, timeout_s=args.timeout)
+    print(line)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bulk-recorder",
@@ -173,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     api_keys.add_parser(sub)
     outbox_tool.add_parser(sub)
+    healthcheck.add_parser(sub)
     return parser
 
 
@@ -215,6 +229,8 @@ def _fraction(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "healthcheck":
+        return cmd_healthcheck(args)
     try:
         return _run(args)
     except BulkRecorderError as exc:  # by class: each carries its exit code

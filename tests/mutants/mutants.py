@@ -560,4 +560,15 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/unit/test_records.py::test_invalid_uuid",),
         fast=True,
     ),
+    Mutant(
+        name="healthcheck-probes-the-recorders-port-whatever-the-role",
+        path="consumer/healthcheck.py",
+        old='resolved.metrics_port or 0, "METRICS_PORT"',
+        new='9464, "METRICS_PORT"',
+        promise="One health check for every role, on its own port",
+        tests=(
+            "tests/integration/test_healthcheck.py::"
+            "test_healthcheck_is_healthy_on_the_roles_own_port_and_unhealthy_when_it_stops",
+        ),
+    ),
 )

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `make test-compose`: the Debian tools and the stand-in base (as make test-image), podman-compose
+# from PyPI in its own virtualenv (.venv/compose), the stand-ins for RabbitMQ, PostgreSQL and
+# Prometheus built from Debian's packages (tests/compose/standins/, cached layers), then
+# tests/compose: docker-compose.yml up with podman-compose and the stand-in override.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/tests/image/containers.conf}
+bash tests/image/system_tools.sh
+# The bridge network's DNS (service names) and NAT for published ports.
+missing=()
+[[ -x /usr/lib/podman/aardvark-dns ]] || missing+=(aardvark-dns)
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+if ((${#missing[@]})); then
+  if [[ $(id -u) != 0 ]]; then
+    echo "make test-compose needs Debian packages: ${missing[*]}" >&2
+    exit 1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
+fi
+bash tests/image/base.sh
+tools=.venv/compose
+if [[ ! -x $tools/bin/podman-compose ]]; then
+  python3 -m venv "$tools"
+  "$tools/bin/pip" install --quiet podman-compose==1.6.0
+fi
+for standin in rabbitmq postgres prometheus; do
+  podman build --quiet --pull=never --format docker --network host \
+    --tag "localhost/bulk-recorder-standin-$standin:test" "tests/compose/standins/$standin" \
+    >/dev/null
+done
+TEST_COMPOSE=1 PODMAN_COMPOSE=$PWD/$tools/bin/podman-compose \
+  exec .venv/bin/pytest -q -p no:cacheprovider -m compose tests/compose "$@"

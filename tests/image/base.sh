@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The stand-in for the Dockerfile's base image, built from Debian's packages where no container
+# registry is reachable: Debian 12 (bookworm) minbase with its Python 3.11 (python3, the venv
+# module, `python` as a name for python3, the CA certificates), tagged as the name the Dockerfile
+# starts from, so that the Dockerfile is built unchanged. Skipped when that image exists already.
+# Usage: base.sh [IMAGE]   (default python:3.11-slim; podman's name for it is
+#                            docker.io/library/python:3.11-slim)
+set -euo pipefail
+image=${1:-docker.io/library/python:3.11-slim}
+if podman image exists "$image"; then
+  echo "stand-in base $image: already built"
+  exit 0
+fi
+# The Debian mirror the machine's own apt uses (deb822 or one-line sources).
+mirror=$(
+  { grep -h -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}'
+    grep -h -m1 -E '^deb ' /etc/apt/sources.list 2>/dev/null | awk '{print $2}'; } |
+    grep -v -- '-security' | head -n1
+) || true
+[[ -n $mirror ]] || { echo "base.sh: no Debian mirror in /etc/apt/sources*" >&2; exit 1; }
+root=$(mktemp -d /var/tmp/bulk-recorder-base.XXXXXX)
+trap 'rm -rf "$root"' EXIT
+echo "stand-in base $image: debootstrap bookworm (minbase + python3.11)"
+debootstrap --variant=minbase \
+  --include=python3,python3-venv,python-is-python3,ca-certificates,netbase \
+  bookworm "$root/rootfs" "$mirror" >"$root/debootstrap.log" 2>&1 ||
+  { tail -n 20 "$root/debootstrap.log" >&2; exit 1; }
+# What the real slim image leaves out too: apt's lists, docs, man pages.
+rm -rf "$root"/rootfs/var/lib/apt/lists/* "$root"/rootfs/var/cache/apt/*.bin \
+  "$root"/rootfs/usr/share/doc/* "$root"/rootfs/usr/share/man/*
+tar -C "$root/rootfs" -c . | podman import --quiet \
+  --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  --change 'ENV LANG=C.UTF-8' \
+  --change 'CMD ["python3"]' \
+  - "$image" >/dev/null
+echo "stand-in base $image: built ($(podman run --rm --network none "$image" python --version))"

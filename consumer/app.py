@@ -333,9 +333,15 @@ class Recorder:
         """No new copy (release or dead letter) from now on: a delivery not yet copied stays
         unacked and the channel's close returns it, judged by nothing. A copy already published
         is a second one in the queue until its original is acked: wait for those (bounded)."""
-        self._dead_letterer.stop_copying()
+        dead_letterer = self._dead_letterer
+        dead_letterer.stop_copying()
         wait_s = min(self.settings.bulk_recorder_confirm_timeout_s, FINAL_COPIES_S)
-        under_way = await self._dead_letterer.copies_settled(wait_s)
+        if dead_letterer.copies_under_way:
+            log.info(
+                "waiting for %d published copies under way (confirm, then the original's ack)",
+                dead_letterer.copies_under_way,
+            )
+        under_way = await dead_letterer.copies_settled(wait_s)
         if under_way:
             log.warning(
                 "%d published copies not confirmed within %.0f s: their messages may be in "

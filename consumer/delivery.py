@@ -103,6 +103,11 @@ class DeadLetterer:
         A delivery not yet copied stays unacked; the channel's close returns it."""
         self._copying = False
 
+    @property
+    def copies_under_way(self) -> int:
+        """Copies between their publish and their original's ack (or nack)."""
+        return self._copies
+
     @contextlib.contextmanager
     def copy_under_way(self) -> Iterator[None]:
         """Around one copy's publish, confirm and its original's ack (or nack)."""

@@ -297,8 +297,19 @@ async def test_sigterm_during_an_outage_acks_every_released_copy_before_closing(
     await wait_for(retrying, timeout=60)
     confirm_hold.hold_confirms()
     stopping = asyncio.create_task(proc.terminate())
-    # the bounded wait for the final flush is over while the copies' confirms are held
-    await wait_for(lambda: "final flush did not finish in time" in proc.log_text(), timeout=30)
+
+    async def closed_or_waiting() -> bool:
+        """Past the bounded wait for the final flush, with the copies' confirms held: the
+        recorder either waits for them, or has closed its consuming channel (the queue has no
+        consumer left) while they were under way."""
+        if "published copies under way" in proc.log_text():
+            return True
+        queue = await broker.channel.declare_queue(broker.topology.queue, passive=True)
+        consumers: int = queue.declaration_result.consumer_count
+        return consumers == 0
+
+    await wait_for(closed_or_waiting, timeout=30)
+    assert "final flush did not finish in time" in proc.log_text()
     assert confirm_hold.held_chunks > 0, "no confirm was held: the race was not made"
     confirm_hold.let_confirms_through()
     assert await stopping == 0

@@ -536,4 +536,27 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_a_lane_whose_connection_died_with_its_writes_queued_comes_back",
         ),
     ),
+    Mutant(
+        name="shutdown-closes-with-copies-under-way",
+        path="consumer/app.py",
+        old="        await self._finish_copies()\n",
+        new="",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_db_outage.py::"
+            "test_sigterm_during_an_outage_acks_every_released_copy_before_closing",
+        ),
+    ),
+    Mutant(
+        name="close-before-the-broker-applies-the-last-acks",
+        path="consumer/consuming.py",
+        old="                await asyncio.sleep(LAST_ACKS_LINGER_S)\n",
+        new="",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_lean_acks.py::"
+            "test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue",
+        ),
+        fast=True,
+    ),
 )

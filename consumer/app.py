@@ -51,6 +51,10 @@ from settings import Settings
 
 log = logging.getLogger(__name__)
 
+# At shutdown, the longest wait for copies already published (each within its confirm
+# timeout) after the bounded final flush: the default 30 s flush and this fit the 40 s grace.
+FINAL_COPIES_S = 8.0
+
 
 class Recorder:
     """The bulk recorder service. ``run(stop)`` returns after an orderly shutdown."""
@@ -280,7 +284,9 @@ class Recorder:
 
         A batch that meets an outage now, and a dead letter still held, are released at once
         (republished, then acked) rather than left to the channel's close, which would spend
-        one of their deliveries. The publishing connection closes last.
+        one of their deliveries. Past the bounded wait no new copy starts, and the copies under
+        way are confirmed and their originals acked before the consuming channel closes (see
+        :meth:`_finish_copies`). The publishing connection closes last.
         """
         self._stopping = True
         self._intake.close()
@@ -297,6 +303,7 @@ class Recorder:
             held.add(asyncio.ensure_future(self._flusher.wait_held()))
         left = max(1.0, timeout - (time.monotonic() - started))
         _, pending = await asyncio.wait(held, timeout=left) if held else (set(), set())
+        await self._finish_copies()
         if pending:
             log.warning("held dead letters not settled in time; the broker redelivers them")
             for fut in pending:
@@ -321,3 +328,24 @@ class Recorder:
         if self.health is not None:
             await self.health.stop()
         log.info("recorder stopped in %.1f s", time.monotonic() - started)
+
+    async def _finish_copies(self) -> None:
+        """No new copy (release or dead letter) from now on: a delivery not yet copied stays
+        unacked and the channel's close returns it, judged by nothing. A copy already published
+        is a second one in the queue until its original is acked: wait for those (bounded)."""
+        dead_letterer = self._dead_letterer
+        dead_letterer.stop_copying()
+        wait_s = min(self.settings.bulk_recorder_confirm_timeout_s, FINAL_COPIES_S)
+        if dead_letterer.copies_under_way:
+            log.info(
+                "waiting for %d published copies under way (confirm, then the original's ack)",
+                dead_letterer.copies_under_way,
+            )
+        under_way = await dead_letterer.copies_settled(wait_s)
+        if under_way:
+            log.warning(
+                "%d published copies not confirmed within %.0f s: their messages may be in "
+                "the queue twice (the idempotent insert absorbs it)",
+                under_way,
+                wait_s,
+            )

@@ -21,6 +21,12 @@ the broker has routed and confirmed the copy:
   dead-lettering). A republished copy starts with no deliveries spent. Only when the broker
   refuses the copy too is the delivery nacked (requeue), which spends one delivery.
 
+Between "copy confirmed" and "original acked" a message is in the queue twice: the channel must
+not close there. At shutdown, past its bounded wait, :meth:`DeadLetterer.stop_copying` lets no
+new copy start (a delivery not yet released stays unacked, and the channel's close returns it
+without judging it) and :meth:`DeadLetterer.copies_settled` waits for the copies under way to
+be confirmed and their originals acked, before the consuming channel closes.
+
 A connection that aiormq gives up (no frame within its heartbeat grace) fails every pending
 confirm and RPC with ``CancelledError``. That is a broker failure, not a request to stop the
 task that waited: :func:`bulk_recorder.infra.broker.cancel_requested` tells the two apart, and every
@@ -31,8 +37,9 @@ propagates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
@@ -82,6 +89,44 @@ class DeadLetterer:
         self.hold_s = hold_s
         self.backoff = backoff or RETRY
         self._stopping = asyncio.Event()
+        self._copying = True
+        self._copies = 0  # copies between their publish and their original's settle
+        self._no_copies = asyncio.Event()
+        self._no_copies.set()
+
+    @property
+    def copying(self) -> bool:
+        """False once a shutdown stopped new copies (:meth:`stop_copying`)."""
+        return self._copying
+
+    def stop_copying(self) -> None:
+        """Shutting down, past the bounded wait: publish no new copy (dead letter or release).
+        A delivery not yet copied stays unacked; the channel's close returns it."""
+        self._copying = False
+
+    @property
+    def copies_under_way(self) -> int:
+        """Copies between their publish and their original's ack (or nack)."""
+        return self._copies
+
+    @contextlib.contextmanager
+    def copy_under_way(self) -> Iterator[None]:
+        """Around one copy's publish, confirm and its original's ack (or nack)."""
+        self._copies += 1
+        self._no_copies.clear()
+        try:
+            yield
+        finally:
+            self._copies -= 1
+            if not self._copies:
+                self._no_copies.set()
+
+    async def copies_settled(self, within_s: float) -> int:
+        """Wait (at most ``within_s``) until no copy is under way; returns how many still are.
+        Each ends within its publish's confirm timeout."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_copies.wait(), within_s)
+        return self._copies
 
     def stop_holding(self) -> None:
         """Shutting down: end every hold now (held deliveries are released at once)."""
@@ -178,6 +223,11 @@ class AmqpDelivery:
     def alive(self) -> bool:
         return not self._channel.is_closed
 
+    def _copy_wanted(self) -> bool:
+        """A copy still makes sense: its original can be acked after it, and no shutdown
+        stopped new copies (asked again just before the publish)."""
+        return not self._channel.is_closed and self._dead_letterer.copying
+
     async def ack(self) -> bool:
         """Queue one basic.ack for this delivery (never ``multiple``), as :func:`ack_each` does.
 
@@ -199,30 +249,33 @@ class AmqpDelivery:
     async def release(self) -> bool:
         """A copy back to the queue, confirmed, then an ack: no delivery spent. If the broker
         refuses the copy, a nack with requeue, which spends one."""
-        if self._channel.is_closed:
-            return False
-        failure = await self._dead_letterer.requeue(self._message, self.alive)
-        if failure is None:
-            # if this ack is lost with the channel, the original comes back as well as the
-            # copy: the idempotent insert (or the at-least-once DLQ) absorbs the second one
-            return await self._ack()
-        if self._channel.is_closed:
-            return False  # the broker returns it with its channel anyway
-        log.warning("republishing a released delivery failed (%s): nacking it instead", failure)
-        return await _sent(self._channel.basic_nack(self.tag, requeue=True))
+        dead_letterer = self._dead_letterer
+        if not self._copy_wanted():
+            return False  # the broker returns it with its channel
+        with dead_letterer.copy_under_way():
+            failure = await dead_letterer.requeue(self._message, self._copy_wanted)
+            if failure is None:
+                # if this ack is lost with the channel, the original comes back as well as the
+                # copy: the idempotent insert (or the at-least-once DLQ) absorbs the second one
+                return await self._ack()
+            if not self._copy_wanted():
+                return False  # the broker returns it with its channel anyway
+            log.warning("republishing a released delivery failed (%s): nacking it instead", failure)
+            return await _sent(self._channel.basic_nack(self.tag, requeue=True))
 
     async def dead_letter(self, reason: str) -> DeadLetterResult:
         dead_letterer = self._dead_letterer
         loop = asyncio.get_running_loop()
         deadline = loop.time() + dead_letterer.hold_s
         attempt = 0
-        while not self._channel.is_closed:
-            failure = await dead_letterer.dead_letter(self._message, reason, self.alive)
-            if failure is None:
-                if await self._ack():
-                    return DeadLetterResult.DEAD_LETTERED
-                return DeadLetterResult.DROPPED
-            if self._channel.is_closed:
+        while self._copy_wanted():
+            with dead_letterer.copy_under_way():
+                failure = await dead_letterer.dead_letter(self._message, reason, self._copy_wanted)
+                if failure is None:
+                    if await self._ack():
+                        return DeadLetterResult.DEAD_LETTERED
+                    return DeadLetterResult.DROPPED
+            if not self._copy_wanted():
                 break
             left = deadline - loop.time()
             if attempt == 0:
@@ -234,8 +287,8 @@ class AmqpDelivery:
             ):
                 break
             attempt += 1
-        if self._channel.is_closed:
-            return DeadLetterResult.DROPPED
+        if not self._copy_wanted():
+            return DeadLetterResult.DROPPED  # the broker returns it with its channel
         log.warning("the DLQ still refuses a message: releasing it for a later retry")
         if await self.release():
             return DeadLetterResult.RELEASED

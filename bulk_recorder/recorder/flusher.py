@@ -293,7 +293,11 @@ class Flusher:
 
     def _dropped(self, count: int) -> None:
         self._metrics.messages_dropped.inc(count)
-        log.info("%d deliveries of a closed channel dropped; the broker redelivers them", count)
+        log.info(
+            "%d deliveries left to the broker (their channel closed, or a stop let no new copy "
+            "start); it redelivers them",
+            count,
+        )
 
     def _count_rows(self, result: WriteResult) -> None:
         metrics = self._metrics

@@ -10,6 +10,7 @@ ack frames wait at the tap while it looks, e.g. whether their rows are committed
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -177,3 +178,48 @@ class AmqpTap(TcpProxy):
             if s.committed is False:
                 out.append(f"ack sent before its row was committed: {s.key}")
         return out
+
+
+class ConfirmHold(TcpProxy):
+    """A proxy to RabbitMQ that can hold what the broker sends back on the connections that
+    publish (their confirms), while every other connection flows.
+
+    A connection counts as publishing from its first ``Basic.Publish``: for the recorder that is
+    its publishing connection (dead letters, released copies), never its consuming one. Between
+    ``hold_confirms()`` and ``let_confirms_through()`` the broker's frames on those connections
+    wait at the proxy, in order (the broker has routed the copies already): confirms that come
+    late, for real.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        super().__init__(target_host, target_port)
+        self.publishing: set[int] = set()  # connection numbers
+        self.held_chunks = 0
+        self._through = asyncio.Event()
+        self._through.set()
+
+    def hold_confirms(self) -> None:
+        self._through.clear()
+
+    def let_confirms_through(self) -> None:
+        self._through.set()
+
+    async def close(self) -> None:
+        self._through.set()
+        await super().close()
+
+    def inspector(self, connection: int, to_upstream: bool) -> Inspect:
+        reader = FrameReader(client_side=to_upstream)
+
+        async def sent(data: bytes) -> None:
+            if connection in self.publishing:
+                return
+            if any(isinstance(v, commands.Basic.Publish) for _, v in reader.feed(data)):
+                self.publishing.add(connection)
+
+        async def received(data: bytes) -> None:
+            if connection in self.publishing and not self._through.is_set():
+                self.held_chunks += 1
+                await self._through.wait()
+
+        return sent if to_upstream else received

@@ -22,7 +22,7 @@ import pytest
 
 from settings import Settings
 from tests.conftest import Services
-from tests.faults.amqp_tap import AmqpTap
+from tests.faults.amqp_tap import AmqpTap, ConfirmHold
 from tests.faults.proxy import TcpProxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +68,13 @@ async def mq_proxy(services: Services) -> AsyncIterator[TcpProxy]:
 async def amqp_tap(services: Services) -> AsyncIterator[AmqpTap]:
     """A proxy to RabbitMQ that decodes and records the frames (see amqp_tap.py)."""
     async with AmqpTap(*_target(services.rabbitmq_url, 5672)) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+async def confirm_hold(services: Services) -> AsyncIterator[ConfirmHold]:
+    """A proxy to RabbitMQ that can hold the confirms of publishing connections (amqp_tap.py)."""
+    async with ConfirmHold(*_target(services.rabbitmq_url, 5672)) as proxy:
         yield proxy
 
 

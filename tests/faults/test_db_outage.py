@@ -261,6 +261,62 @@ async def test_sigterm_during_an_outage_then_a_recorder_started_while_the_databa
     audit.assert_exact(dlq_surplus_allowed=False)
 
 
+async def test_sigterm_during_an_outage_acks_every_released_copy_before_closing(
+    make_settings, recorders, broker, database_url, pg_proxy, confirm_hold
+) -> None:
+    """The orderly stop outlasts its bounded wait while the release of the stuck batches waits
+    for confirms (held at a proxy on the recorder's publishing connection only). It must not
+    close the consuming channel while a copy is published but its original not yet acked:
+    each message ends in the queue exactly once, and nothing is judged."""
+    await migrate(database_url)
+    port = _free_port()
+    settings = make_settings(
+        database_url=via_proxy(database_url, pg_proxy),
+        rabbitmq_url=via_proxy(broker.url, confirm_hold),
+        bulk_recorder_shutdown_timeout_s=1.0,
+        bulk_recorder_confirm_timeout_s=20.0,
+        metrics_port=port,
+    )
+    good = _messages(Generator.create(seed=26), 300)
+    proc = await recorders.start(settings)
+
+    async def ready() -> bool:
+        return await http_get(port, "/readyz") == (200, "broker up, database up\n")
+
+    await wait_for(ready, timeout=60)
+    pg_proxy.cut()
+    await broker.publish_many(good)
+
+    async def retrying() -> bool:
+        metrics = await scrape(port)
+        return (
+            metrics.get("bulk_recorder_paused") == 1
+            and metrics.get("bulk_recorder_db_retries_total", 0) >= 3
+        )
+
+    await wait_for(retrying, timeout=60)
+    confirm_hold.hold_confirms()
+    stopping = asyncio.create_task(proc.terminate())
+
+    async def closed_or_waiting() -> bool:
+        """Past the bounded wait for the final flush, with the copies' confirms held: the
+        recorder either waits for them, or has closed its consuming channel (the queue has no
+        consumer left) while they were under way."""
+        if "published copies under way" in proc.log_text():
+            return True
+        queue = await broker.channel.declare_queue(broker.topology.queue, passive=True)
+        consumers: int = queue.declaration_result.consumer_count
+        return consumers == 0
+
+    await wait_for(closed_or_waiting, timeout=30)
+    assert "final flush did not finish in time" in proc.log_text()
+    assert confirm_hold.held_chunks > 0, "no confirm was held: the race was not made"
+    confirm_hold.let_confirms_through()
+    assert await stopping == 0
+    assert await settled_count(broker, broker.topology.queue) == len(good)
+    assert await broker.ready_count(broker.topology.dead_letter_queue) == 0
+
+
 def _ctl(*args: str) -> None:
     """rabbitmqctl on the machine's broker (a policy that matches only this test's queue)."""
     import subprocess

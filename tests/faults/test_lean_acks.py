@@ -20,7 +20,11 @@ import aiormq
 import pytest
 
 from bulk_recorder.infra.aiormq_internals import close_connection
+from bulk_recorder.infra.broker import BrokerNodes
+from bulk_recorder.infra.metrics import Metrics
+from consumer.consuming import Consuming as RecorderConsuming
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
+from consumer.topology import Topology
 from tests.conftest import Services, wait_for
 
 pytestmark = [pytest.mark.rabbitmq]
@@ -152,3 +156,61 @@ async def test_acks_written_just_before_our_own_close_still_reach_the_broker(
         left = (await check.queue_declare(queue, passive=True)).message_count
         await check.queue_delete(queue)
     assert left == 0, f"{left} of {MESSAGES} acked deliveries went back to the queue"
+
+
+async def test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue(
+    services: Services,
+) -> None:
+    """On a quorum queue the broker's channel holds back settles once 32 of them are unapplied
+    and drops what it holds when the channel ends, so acks written just before the close, as an
+    orderly stop writes a batch's or a release's, can be lost even though they reached the
+    broker. The recorder's close must leave the broker the time to apply them: every acked
+    message is gone from the queue."""
+    queue = f"brtest.lean.{uuid.uuid4().hex[:10]}"
+    count = 250
+    async with aiormq.connect(services.rabbitmq_url) as setup_connection:
+        setup = await setup_connection.channel()
+        await setup.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        await asyncio.gather(*(setup.basic_publish(b"x", routing_key=queue) for _ in range(count)))
+    connection = await aio_pika.connect(services.rabbitmq_url)
+    consuming = RecorderConsuming(
+        BrokerNodes.from_setting(services.rabbitmq_url),
+        Topology(exchange="unused", queue=queue, delivery_limit=5),
+        Metrics(),
+        prefetch=count,
+        on_message=_ignore,
+        paused=lambda: False,
+        drop_channel=lambda channel: None,
+    )
+    try:
+        channel = await (await connection.channel(publisher_confirms=False)).get_underlay_channel()
+        await channel.basic_qos(prefetch_count=count)
+        delivered: list[aiormq.abc.DeliveredMessage] = []
+
+        async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
+            delivered.append(message)
+
+        ok = await channel.basic_consume(queue, on_message)
+        await wait_for(lambda: len(delivered) == count)
+        assert ok.consumer_tag is not None
+        await channel.basic_cancel(ok.consumer_tag)  # as the stop does first
+        unused = DeadLetterer.__new__(DeadLetterer)  # never called: nothing is dead-lettered
+        assert await ack_each([AmqpDelivery(channel, m, unused) for m in delivered]) == count
+        consuming.connection, consuming.channel = connection, channel
+        await consuming.close()
+    finally:
+        await connection.close()
+    async with aiormq.connect(services.rabbitmq_url) as check_connection:
+        check = await check_connection.channel()
+
+        async def consumer_gone() -> bool:  # the queue has handled our channel's end
+            return (await check.queue_declare(queue, passive=True)).consumer_count == 0
+
+        await wait_for(consumer_gone)
+        left = (await check.queue_declare(queue, passive=True)).message_count
+        await check.queue_delete(queue)
+    assert left == 0, f"{left} of {count} acked deliveries went back to the queue"
+
+
+async def _ignore(message: aiormq.abc.DeliveredMessage) -> None:
+    return None

@@ -571,4 +571,28 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_healthcheck_is_healthy_on_the_roles_own_port_and_unhealthy_when_it_stops",
         ),
     ),
+    Mutant(
+        name="shutdown-closes-with-copies-under-way",
+        path="consumer/app.py",
+        old="        await self._finish_copies()\n",
+        new="",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_db_outage.py::"
+            "test_sigterm_during_an_outage_acks_every_released_copy_before_closing",
+        ),
+    ),
+    Mutant(
+        name="close-before-the-broker-applies-the-last-acks",
+        path="consumer/consuming.py",
+        old="        if channel is not None and not channel.is_closed:\n"
+        "            with broker_failures_suppressed():",
+        new="        if False:\n            with broker_failures_suppressed():",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_lean_acks.py::"
+            "test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue",
+        ),
+        fast=True,
+    ),
 )

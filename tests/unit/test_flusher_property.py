@@ -50,6 +50,7 @@ from bulk_recorder.recorder.writer import (
 )
 from bulk_recorder.records import CreditAnnotation, Record
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
+from consumer.publisher import Publisher
 from tests.faults.amqp_tap import FrameReader
 
 DELIVERY_LIMIT = 3
@@ -177,9 +178,10 @@ class FakeDeadLetterer(DeadLetterer):
     a copy back to the queue, as the recorder does once its hold runs out."""
 
     def __init__(self, world: World) -> None:
+        super().__init__(
+            cast(Publisher, None), dead_letter_exchange="", queue="", hold_s=0.0, backoff=Backoff()
+        )
         self.world = world
-        self.hold_s = 0.0
-        self.backoff = Backoff()
 
     @staticmethod
     def _tracked(message: DeliveredMessage) -> Tracked:

@@ -24,7 +24,6 @@ import re
 import shlex
 import subprocess
 import sysconfig
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 from prometheus_client import CollectorRegistry
 
+import bulk_recorder
 from consumer.cli import build_parser
 from consumer.health import HealthServer
 from settings import DEFAULT_METRICS_PORTS, SECRET_FILE_SETTINGS, Settings
@@ -240,7 +240,7 @@ def test_each_role_runs_the_images_entrypoint_with_its_command(
 
 
 def test_the_image_is_the_projects_version(renders: dict[str, list[dict[str, Any]]]) -> None:
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    version = bulk_recorder.__version__  # the one place (pyproject reads it from there)
     for name, objects in renders.items():
         for workload, template in _workloads(objects).items():
             assert _container(template)["image"].endswith(f"/bulk-recorder:{version}") or (

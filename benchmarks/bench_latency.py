@@ -41,7 +41,7 @@ from benchmarks.support.machine import cpu_seconds, facts_table, machine_cpu, ma
 from benchmarks.support.recorder import RecorderConfig, RecorderProcess
 from benchmarks.support.services import temp_database, temp_topology
 from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
-from bulk_recorder.infra.aiormq_internals import publish_batch
+from bulk_recorder.infra.aiormq_internals import write_publishes
 from consumer.tools.loadgen import Generator
 from consumer.topology import Topology
 
@@ -109,7 +109,7 @@ async def publish_steady(
                     fresh.append(record["id"])
                 count += 1
             if batch:
-                done = asyncio.gather(*await publish_batch(raw, batch))
+                done = asyncio.gather(*await write_publishes(raw, batch))
                 confirms.add(done)
                 done.add_done_callback(confirms.discard)
             await asyncio.sleep(max(0.0, now + tick - time.monotonic()))

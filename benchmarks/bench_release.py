@@ -8,7 +8,7 @@ The recorder releases what it holds during a long database outage (and a dead le
 refuses). On quorum queues (RabbitMQ 3.10) every nack or return counts toward
 ``x-delivery-limit``, so each release by nack spends one of the message's deliveries; a copy
 republished to the queue (default exchange, mandatory, confirmed) and then acked starts afresh.
-This measures both on the recorder's own code (``Publisher``, ``DeadLetterer``,
+This measures both on the recorder's own code (``CopyPublisher``, ``DeadLetterer``,
 ``AmqpDelivery.release`` through ``release_all``) against the local broker: how long releasing
 ``--count`` held deliveries takes, and the ``x-delivery-count`` the messages come back with.
 Each figure: median (min-max) over ``--runs``.
@@ -32,8 +32,8 @@ import aiormq
 from aiormq.abc import DeliveredMessage
 
 from bulk_recorder.recorder.flusher import release_all
+from consumer.copy_publisher import CopyPublisher
 from consumer.delivery import AmqpDelivery, DeadLetterer
-from consumer.publisher import Publisher
 from consumer.topology import Topology, declare_topology, delete_topology
 
 URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -94,7 +94,7 @@ async def one_run(count: int, mode: str) -> tuple[float, int]:
     topology = Topology(f"bench.release.{suffix}", f"bench.release.{suffix}.q", 1000)
     await _fill(topology, count)
     stop = asyncio.Event()
-    publisher = Publisher(URL, topology, confirm_timeout_s=30)
+    publisher = CopyPublisher(URL, topology, confirm_timeout_s=30)
     publishing = asyncio.create_task(publisher.run(stop))
     connection = await aiormq.connect(URL)
     try:

@@ -3,7 +3,7 @@
 One aio-pika connection (:class:`consumer.consuming.Consuming`, re-established after any loss)
 carries the consumer channel; it never publishes, so a broker alarm never blocks its acks.
 Dead letters and released deliveries are published on a second
-connection (:class:`consumer.publisher.Publisher`). Every delivery is decoded at once: an
+connection (:class:`consumer.copy_publisher.CopyPublisher`). Every delivery is decoded at once: an
 invalid one is dead-lettered with its reason and acked; a valid one goes into the single shared
 :class:`BulkCollector`. Finished batches are written by the ``RABBITMQ_NUMBERS_OF_WORKERS``
 flush workers of the :class:`FlushPool`, each with its own database connection; a long database
@@ -39,12 +39,12 @@ from bulk_recorder.recorder.flusher import Flusher, Pending, count_dead_letter
 from bulk_recorder.recorder.writer import PgWriter, rows_per_insert
 from bulk_recorder.records import RecordError, decode
 from consumer.consuming import Consuming
+from consumer.copy_publisher import CopyPublisher
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, dead_letter_class
 from consumer.flush_pool import WORKER, FlushPool
 from consumer.health import HealthServer
 from consumer.intake import TASK as PAUSE
 from consumer.intake import IntakePause
-from consumer.publisher import Publisher
 from consumer.queue_watch import QueueWatch
 from consumer.topology import Topology
 from settings import Settings
@@ -74,7 +74,7 @@ class Recorder:
         self._pool: asyncpg.Pool | None = None
         self._writer: PgWriter | None = None
         self._flusher: Flusher | None = None
-        self._publisher = Publisher(
+        self._publisher = CopyPublisher(
             settings.rabbitmq_url,
             self.topology,
             confirm_timeout_s=settings.bulk_recorder_confirm_timeout_s,

@@ -7,8 +7,8 @@ A delivery remembers its channel: once that channel is closed its tag means noth
 call returns False and the broker redelivers the message.
 
 Two ways to settle a delivery other than "ack after commit" publish a copy first, on the
-recorder's own publishing connection (:class:`consumer.publisher.Publisher`), and ack only once
-the broker has routed and confirmed the copy:
+recorder's own publishing connection (:class:`consumer.copy_publisher.CopyPublisher`), and ack
+only once the broker has routed and confirmed the copy:
 
 - **dead_letter**: the copy goes to the dead-letter exchange with the reason. While the DLQ
   cannot take it (deleted, at its max-length with ``reject-publish``, the publishing
@@ -50,7 +50,7 @@ from bulk_recorder.infra.backoff import RETRY, Backoff
 from bulk_recorder.infra.broker import cancel_requested
 from bulk_recorder.infra.errors import CHANNEL_GONE
 from bulk_recorder.recorder.flusher import DeadLetterResult, Delivery
-from consumer.publisher import Publisher
+from consumer.copy_publisher import CopyPublisher
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class DeadLetterer:
 
     def __init__(
         self,
-        publisher: Publisher,
+        publisher: CopyPublisher,
         *,
         dead_letter_exchange: str,
         queue: str,

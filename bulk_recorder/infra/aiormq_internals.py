@@ -10,7 +10,7 @@ The recorder's lean path writes past aiormq's public API in two places, and only
   for room in it wake up;
 - :func:`close_connection` puts a write mark on the connection's ``write_queue`` at the end of
   an orderly stop and closes the connection once the frames before it are written;
-- :func:`publish_batch` (the relay's and the load generator's) marshals a batch of publishes
+- :func:`write_publishes` (the relay's and the load generator's) marshals a batch of publishes
   into one buffer on the ``write_queue`` and registers their confirmations in the channel's
   ``confirmations`` map under the channel's ``delivery_tag`` sequence, as aiormq's
   basic_publish does one by one.
@@ -41,9 +41,9 @@ __all__ = [
     "AckFrames",
     "channel_closing",
     "close_connection",
-    "publish_batch",
     "unblock_writers",
     "write_acks",
+    "write_publishes",
 ]
 
 
@@ -169,7 +169,7 @@ async def close_connection(connection: aio_pika.abc.AbstractConnection, within_s
 # -- batched publishes (the relay, the load generator) -------------------------------------
 
 
-async def publish_batch(
+async def write_publishes(
     channel: AbstractChannel,
     messages: Sequence[tuple[str, str, spec.Basic.Properties, bytes]],
     *,
@@ -195,7 +195,7 @@ async def publish_batch(
     then never empties it (:func:`unblock_writers`), so an unbounded wait can last for ever.
     """
     if not isinstance(channel, aiormq.Channel):
-        raise TypeError(f"publish_batch needs an aiormq.Channel, not {type(channel)}")
+        raise TypeError(f"write_publishes needs an aiormq.Channel, not {type(channel)}")
     frames: list[spec.Basic.Publish | ContentHeader | ContentBody] = []
     futures: list[asyncio.Future[ConfirmationFrameType]] = []
     # The channel's own lock, as basic_publish takes it: delivery tags are numbered in the

@@ -65,9 +65,9 @@ from bulk_recorder.infra.reconnect import Session, keep_connected
 from bulk_recorder.infra.supervisor import Supervisor
 from bulk_recorder.infra.waits import wait_any, wait_or_stop
 from bulk_recorder.producer.outbox import listen, outbox_stats, record_stats
-from bulk_recorder.producer.relay_publish import (
-    BatchPublisher,
+from bulk_recorder.producer.relay_batch import (
     BatchResult,
+    BatchSender,
     RelayConfig,
 )
 from settings import Settings
@@ -113,7 +113,7 @@ class Relay:
         self._wakes = [asyncio.Event() for _ in range(self.config.lanes)]
         self._halt = asyncio.Event()  # stops the background loops once the lanes are done
         self._tasks = Supervisor()  # the long-lived tasks (run() makes one that knows stop)
-        self._batches = BatchPublisher(self.config, self.metrics, self.exchange)
+        self._batches = BatchSender(self.config, self.metrics, self.exchange)
         self._failed_rounds = 0  # batches in a row with a nack or a lost confirm
         self._stopping: asyncio.Event | None = None  # run's stop, set on a topology mismatch
         self._mismatch: TopologyMismatch | None = None

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiormq
 
-from bulk_recorder.infra.aiormq_internals import publish_batch
+from bulk_recorder.infra.aiormq_internals import write_publishes
 from bulk_recorder.infra.broker import BrokerNodes
 from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.records.documents import normalize_document
@@ -316,7 +316,7 @@ async def publish_load(
     generator: Generator | None = None,
 ) -> LoadReport:
     """Publish the planned messages with confirms, ``spec.in_flight`` unconfirmed at most, in
-    batches of PUBLISH_BATCH a write (infra.aiormq_internals.publish_batch: the per-message
+    batches of PUBLISH_BATCH a write (infra.aiormq_internals.write_publishes: the per-message
     publish was the demo's bottleneck). Raises if the broker did not confirm every message."""
     report = LoadReport()
     gen = generator or Generator.create(spec.seed)
@@ -337,11 +337,11 @@ async def publish_load(
                 await confirms.slots.acquire()
                 if confirms.failures:
                     break
-                confirms.watch(await publish_batch(raw, batch))
+                confirms.watch(await write_publishes(raw, batch))
                 batch = []
         if batch and not confirms.failures:
             await confirms.slots.acquire()
-            confirms.watch(await publish_batch(raw, batch))
+            confirms.watch(await write_publishes(raw, batch))
         if confirms.pending:
             await asyncio.wait(confirms.pending)
         report.elapsed_s = time.perf_counter() - started

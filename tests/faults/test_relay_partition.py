@@ -60,7 +60,7 @@ async def _queued_ids(broker: Broker) -> set[str]:
     return {json.loads(m.body)["id"] for m in messages}
 
 
-async def test_relay_publishes_everything_after_a_partition_that_outlived_the_heartbeat(
+async def test_relay_batches_everything_after_a_partition_that_outlived_the_heartbeat(
     make_settings, database_url, db, broker, services, mq_proxy, caplog
 ) -> None:
     settings = make_settings(

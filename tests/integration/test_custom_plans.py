@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bulk_recorder.infra.db import Connection, open_pool_when_ready
-from bulk_recorder.producer.relay_publish import CLAIM
+from bulk_recorder.producer.relay_batch import CLAIM
 
 pytestmark = [pytest.mark.postgres]
 

@@ -161,7 +161,7 @@ TRANSACTION_ROWS = 10_000
 BUSY_STALL_AFTER_S = 2.0
 
 
-async def test_a_job_behind_transaction_rows_reads_publishing_while_the_relay_publishes_them(
+async def test_a_job_behind_transaction_rows_reads_publishing_while_the_relay_batches_them(
     make_settings, database_url, db, broker
 ) -> None:
     """Issue 18 item 5: stall means "the relay published nothing recently", whatever the row.

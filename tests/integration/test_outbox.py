@@ -22,7 +22,7 @@ import bulk_recorder.producer.api.jobs as jobs_module
 import bulk_recorder.producer.api.transactions as transactions_module
 from bulk_recorder.producer.job_staging import STAGING_TABLE, JobStaging
 from bulk_recorder.producer.relay import Relay, RelayConfig
-from bulk_recorder.producer.relay_publish import BatchPublisher
+from bulk_recorder.producer.relay_batch import BatchSender
 from bulk_recorder.records import decode
 from consumer.tools.loadgen import Generator
 from tests.conftest import settings_env, wait_for
@@ -289,7 +289,7 @@ async def test_crash_between_publish_and_delete_only_duplicates(
         assert all(outcome is None for outcome in outcomes)  # every publish was confirmed
         raise SimulatedCrash
 
-    monkeypatch.setattr(BatchPublisher, "_settle", crash)
+    monkeypatch.setattr(BatchSender, "_settle", crash)
     config = RelayConfig(batch_size=200, lanes=1, poll_interval_s=0.2)
     relay = Relay(settings, config=config)
     task = asyncio.create_task(relay.run(asyncio.Event()))

@@ -1,7 +1,7 @@
 """``bulk-recorder outbox unpark`` puts parked rows back, and the job counts stay right
 (issue 18 item 4: nothing un-parked rows, e.g. every row parked while the queue was deleted).
 
-The rows are parked by the relay's own settlement (``BatchPublisher._refuse`` with
+The rows are parked by the relay's own settlement (``BatchSender._refuse`` with
 ``max_attempts=1``, as after a broker refusal), so the job's ``dead_lettered`` is what a relay
 leaves. The command runs as a process; the relay and the recorder run in process.
 """
@@ -19,7 +19,7 @@ import pytest
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.outbox import enqueue
 from bulk_recorder.producer.relay import RelayConfig
-from bulk_recorder.producer.relay_publish import BatchPublisher
+from bulk_recorder.producer.relay_batch import BatchSender
 from consumer.tools.loadgen import Generator
 from tests.conftest import REPO, settings_env, wait_for
 from tests.integration.producer_support import api_client, ndjson, running_relay
@@ -77,7 +77,7 @@ async def test_outbox_unpark_puts_parked_rows_back_and_keeps_job_counts_right(
         ids = [int(r["id"]) for r in await conn.fetch("SELECT id FROM outbox ORDER BY id")]
         to_park = ids[:PARKED] + ids[-1:]  # the transaction row is the last one
         async with conn.transaction():
-            parker = BatchPublisher(RelayConfig(max_attempts=1), Metrics(), "unused")
+            parker = BatchSender(RelayConfig(max_attempts=1), Metrics(), "unused")
             await parker._refuse(conn, to_park, ["closed the channel: test"] * len(to_park))
 
         async def status() -> dict[str, Any]:

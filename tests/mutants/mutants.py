@@ -219,7 +219,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="outbox-row-deleted-before-the-confirm",
-        path="bulk_recorder/producer/relay_publish.py",
+        path="bulk_recorder/producer/relay_batch.py",
         old="rows = await conn.fetch(CLAIM, self.config.batch_size, window)\n",
         new=(
             "rows = await conn.fetch(CLAIM, self.config.batch_size, window)\n"
@@ -358,7 +358,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="publisher-nack-as-refusal",
-        path="bulk_recorder/producer/relay_publish.py",
+        path="bulk_recorder/producer/relay_batch.py",
         old="elif isinstance(outcome, ChannelRefusal):",
         new="elif isinstance(outcome, aiormq.exceptions.DeliveryError | ChannelRefusal):",
         promise=NODE_LOSS,
@@ -460,7 +460,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="unroutable-return-as-refusal",
-        path="bulk_recorder/producer/relay_publish.py",
+        path="bulk_recorder/producer/relay_batch.py",
         old="unroutable += 1  # our queue or its binding is gone: not the row's fault",
         new='refused.append(row["id"])\n                reasons.append("returned")',
         promise=PRODUCER,
@@ -484,13 +484,13 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="relay-activity-not-stamped",
-        path="bulk_recorder/producer/relay_publish.py",
+        path="bulk_recorder/producer/relay_batch.py",
         old="await stamp_published(conn)  # any row: a job's status tells a busy relay by it",
         new="pass",
         promise=PRODUCER,
         tests=(
             "tests/integration/test_job_stall.py::"
-            "test_a_job_behind_transaction_rows_reads_publishing_while_the_relay_publishes_them",
+            "test_a_job_behind_transaction_rows_reads_publishing_while_the_relay_batches_them",
         ),
         fast=True,
     ),
@@ -507,7 +507,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="claim-window-from-parked-rows",
-        path="bulk_recorder/producer/relay_publish.py",
+        path="bulk_recorder/producer/relay_batch.py",
         old=(
             "  AND id >= (SELECT min(id) FROM outbox WHERE parked_at IS NULL"
             " AND available_at <= now())\n"
@@ -520,17 +520,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         promise=PRODUCER,
         tests=(
-            "tests/integration/test_relay_publish.py::"
+            "tests/integration/test_relay_batch.py::"
             "test_a_parked_row_far_below_the_rest_holds_up_nothing",
         ),
     ),
     Mutant(
         name="relay-write-wait-unbounded",
-        path="bulk_recorder/producer/relay_publish.py",
+        path="bulk_recorder/producer/relay_batch.py",
         old="            async with asyncio.timeout(self.config.publish_timeout_s):\n"
-        "                futures = await publish_batch(",
+        "                futures = await write_publishes(",
         new="            async with asyncio.timeout(None):\n"
-        "                futures = await publish_batch(",
+        "                futures = await write_publishes(",
         promise=BROKER_LOSS,
         tests=(
             "tests/faults/test_relay_write_queue.py::"

@@ -196,22 +196,22 @@ def test_aiormq_and_pamqp_are_pinned_exactly(name: str) -> None:
 
 
 async def test_a_channel_keeps_its_confirmation_map_and_delivery_tag_sequence() -> None:
-    """publish_batch (the load generator's) registers confirms where basic_publish does."""
+    """write_publishes (the load generator's) registers confirms where basic_publish does."""
     channel = _channel(_connection())
     assert isinstance(getattr(channel, "confirmations", None), dict), _broken(
         "Channel.confirmations is no longer a dict of delivery tag -> future",
-        "publish_batch registers each publish's confirmation there",
+        "write_publishes registers each publish's confirmation there",
     )
     assert getattr(channel, "delivery_tag", None) == 0, _broken(
         "Channel.delivery_tag is no longer the publish sequence (0 on a new channel)",
-        "publish_batch numbers its publishes from it",
+        "write_publishes numbers its publishes from it",
     )
     assert isinstance(getattr(channel, "max_content_size", None), int), _broken(
-        "Channel.max_content_size is gone", "publish_batch cuts bodies into frames of that size"
+        "Channel.max_content_size is gone", "write_publishes cuts bodies into frames of that size"
     )
     confirm = getattr(channel, "_confirm_delivery", None)
     assert callable(confirm), _broken(
-        "Channel._confirm_delivery is gone", "it resolves the futures publish_batch registers"
+        "Channel._confirm_delivery is gone", "it resolves the futures write_publishes registers"
     )
     future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
     channel.confirmations[1] = future
@@ -219,11 +219,11 @@ async def test_a_channel_keeps_its_confirmation_map_and_delivery_tag_sequence() 
     resolved = future.done() and isinstance(future.result(), spec.Basic.Ack)
     assert resolved, _broken(
         "Channel._confirm_delivery no longer resolves the registered future with the Ack",
-        "publish_batch",
+        "write_publishes",
     )
 
 
-async def test_publish_batch_cuts_a_body_into_the_frames_basic_publish_sends() -> None:
+async def test_write_publishes_cuts_a_body_into_the_frames_basic_publish_sends() -> None:
     """A body of a frame or more goes out in several content frames (issue 18, item 2): the
     same ones aiormq's basic_publish makes, whatever the size."""
     channel = _channel(_connection())
@@ -231,7 +231,7 @@ async def test_publish_batch_cuts_a_body_into_the_frames_basic_publish_sends() -
     assert size == 131_072 - 8  # frame_max less a content frame's header and end byte
     split = getattr(channel, "_split_body", None)
     assert callable(split), _broken(
-        "Channel._split_body is gone", "publish_batch cuts bodies as it does"
+        "Channel._split_body is gone", "write_publishes cuts bodies as it does"
     )
     for length in (0, 1, size - 1, size, size + 1, 2 * size, 3 * size + 5):
         body = bytes(n % 251 for n in range(length))

@@ -49,8 +49,8 @@ from bulk_recorder.recorder.writer import (
     rows_per_insert,
 )
 from bulk_recorder.records import CreditAnnotation, Record
+from consumer.copy_publisher import CopyPublisher
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
-from consumer.publisher import Publisher
 from tests.faults.amqp_tap import FrameReader
 
 DELIVERY_LIMIT = 3
@@ -179,7 +179,11 @@ class FakeDeadLetterer(DeadLetterer):
 
     def __init__(self, world: World) -> None:
         super().__init__(
-            cast(Publisher, None), dead_letter_exchange="", queue="", hold_s=0.0, backoff=Backoff()
+            cast(CopyPublisher, None),
+            dead_letter_exchange="",
+            queue="",
+            hold_s=0.0,
+            backoff=Backoff(),
         )
         self.world = world
 

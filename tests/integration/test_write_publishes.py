@@ -1,7 +1,7 @@
 """The load generator's batched publishes on a real broker: every message confirmed and in the
 queue once, and a nack reported, never hidden.
 
-``infra.aiormq_internals.publish_batch`` writes many publishes at once and leaves their
+``infra.aiormq_internals.write_publishes`` writes many publishes at once and leaves their
 confirms to aiormq's own handling; these tests check it against RabbitMQ itself: the count and
 order of what arrives, and a real nack (a queue with ``x-overflow: reject-publish`` nacks what
 exceeds its length).
@@ -17,7 +17,7 @@ import aio_pika
 import aiormq
 import pytest
 
-from bulk_recorder.infra.aiormq_internals import publish_batch
+from bulk_recorder.infra.aiormq_internals import write_publishes
 from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.conftest import Services, unique_name
 
@@ -63,7 +63,7 @@ async def test_a_batch_is_confirmed_and_arrives_once_in_order(
                     for n in range(250)
                 ]
                 sent += [props.message_id for _, _, props, _ in batch]
-                confirmations = [await future for future in await publish_batch(raw, batch)]
+                confirmations = [await future for future in await write_publishes(raw, batch)]
                 assert all(isinstance(c, aiormq.spec.Basic.Ack) for c in confirmations)
         finally:
             await connection.close()
@@ -116,10 +116,10 @@ async def test_bodies_of_a_frame_and_more_are_confirmed_and_arrive_byte_for_byte
                 (exchange.name, "k", aiormq.spec.Basic.Properties(message_id=str(n)), body)
                 for n, body in enumerate(bodies)
             ]
-            confirmations = [await future for future in await publish_batch(raw, batch)]
+            confirmations = [await future for future in await write_publishes(raw, batch)]
             assert all(isinstance(c, aiormq.spec.Basic.Ack) for c in confirmations)
             # The channel goes on: the next batch is matched with its own confirms.
-            [after] = await publish_batch(
+            [after] = await write_publishes(
                 raw, [(exchange.name, "k", aiormq.spec.Basic.Properties(message_id="after"), b"z")]
             )
             assert isinstance(await after, aiormq.spec.Basic.Ack)

@@ -17,7 +17,7 @@ import asyncpg
 from aiormq.abc import AbstractChannel
 
 from bulk_recorder.exceptions import BulkRecorderError
-from bulk_recorder.infra.aiormq_internals import publish_batch
+from bulk_recorder.infra.aiormq_internals import write_publishes
 from bulk_recorder.infra.broker import (
     broker_failures_suppressed,
     cancel_requested,
@@ -73,7 +73,7 @@ WHERE j.id = u.id
 
 
 def _properties(record_type: str) -> aiormq.spec.Basic.Properties:
-    """A new object for every publish: aiormq and publish_batch write a fresh message_id into
+    """A new object for every publish: aiormq and write_publishes write a fresh message_id into
     it, by which a basic.return is matched with its publish."""
     return aiormq.spec.Basic.Properties(
         content_type="application/json",
@@ -107,7 +107,7 @@ class BatchResult:
     lost: int  # no confirm (connection or channel gone, or timed out), nacked, or returned
 
 
-class BatchPublisher:
+class BatchSender:
     """One lane's batch: publish the claimed rows, then settle them in the same transaction.
 
     ``suspects`` (shared by every lane of a relay) are the rows in flight on a channel the
@@ -209,7 +209,7 @@ class BatchPublisher:
         try:
             # Bounded: a connection that dies while its write queue is full never makes room.
             async with asyncio.timeout(self.config.publish_timeout_s):
-                futures = await publish_batch(channel, messages, mandatory=True)
+                futures = await write_publishes(channel, messages, mandatory=True)
         except asyncio.CancelledError:
             raise
         except TimeoutError:  # nothing written: the rows stay, the connection is replaced
@@ -351,7 +351,7 @@ async def _open_channel(
     connection: aiormq.abc.AbstractConnection, within_s: float
 ) -> AbstractChannel:
     # Bounded: the Channel.Open waits for room in the connection's write queue, which a
-    # connection that died with it full never makes (see publish_batch).
+    # connection that died with it full never makes (see write_publishes).
     try:
         return await connection.channel(publisher_confirms=True, timeout=within_s)
     except Exception as exc:

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 REDECLARE_INTERVAL_S = 1.0
 
 
-class Publisher:
+class CopyPublisher:
     """Mandatory, confirmed publishes on a connection of their own, reconnected after any loss."""
 
     def __init__(self, url: str, topology: Topology, *, confirm_timeout_s: float) -> None:

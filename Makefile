@@ -25,7 +25,8 @@ $(STAMP): $(RUNTIME) requirements-dev.lock
 # The Debian tools the test suite runs (promtool, prometheus, docker-compose, chromium):
 # installed if missing where we are root, else one line naming them.
 system-tools:
-	@bash tests/system_tools.sh
+	@bash tests/system_tools.sh 'make test' prometheus=promtool prometheus=prometheus \
+	  docker-compose=docker-compose chromium=chromium
 
 # After a change to pyproject.toml's dependencies: resolve again, with hashes (uv does it fast).
 LOCK_ARGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu --no-header -q

@@ -6,20 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/tests/image/containers.conf}
-bash tests/image/system_tools.sh
-# The bridge network's DNS (service names) and NAT for published ports.
-missing=()
-[[ -x /usr/lib/podman/aardvark-dns ]] || missing+=(aardvark-dns)
-command -v iptables >/dev/null 2>&1 || missing+=(iptables)
-if ((${#missing[@]})); then
-  if [[ $(id -u) != 0 ]]; then
-    echo "make test-compose needs Debian packages: ${missing[*]}" >&2
-    exit 1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
-    >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
-fi
+# what make test-image needs, and the bridge network's DNS (service names) and NAT for
+# published ports
+bash tests/system_tools.sh 'make test-compose' podman=podman runc=runc \
+  netavark='/usr/lib/podman/netavark|netavark' debootstrap=debootstrap \
+  aardvark-dns=/usr/lib/podman/aardvark-dns iptables=iptables
 bash tests/image/base.sh
 tools=.venv/compose
 if [[ ! -x $tools/bin/podman-compose ]]; then

@@ -7,7 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/tests/image/containers.conf}
 image=${TEST_IMAGE:-localhost/bulk-recorder:test}
-bash tests/image/system_tools.sh
+# podman with runc (crun refuses this machine's hybrid cgroups), netavark (podman's network
+# backend) and debootstrap (the stand-in base image, tests/image/base.sh).
+bash tests/system_tools.sh 'make test-image' podman=podman runc=runc \
+  netavark='/usr/lib/podman/netavark|netavark' debootstrap=debootstrap
 bash tests/image/base.sh
 ca=/etc/ssl/certs/ca-certificates.crt
 mounts=()

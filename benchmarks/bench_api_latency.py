@@ -48,7 +48,7 @@ from benchmarks.support.recorder import free_port
 from benchmarks.support.services import temp_database, temp_topology
 from benchmarks.support.stats import emit, progress, save_json, table
 from bulk_recorder.producer.key_store import create_key
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import Topology
 
 CHUNK = 65_536

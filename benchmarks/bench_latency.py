@@ -42,7 +42,7 @@ from benchmarks.support.recorder import RecorderConfig, RecorderProcess
 from benchmarks.support.services import temp_database, temp_topology
 from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
 from bulk_recorder.infra.aiormq_internals import write_publishes
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import Topology
 
 

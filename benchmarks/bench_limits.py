@@ -45,7 +45,7 @@ from benchmarks.support.env import rabbitmq_url, run_main
 from benchmarks.support.machine import facts_table, machine_facts
 from benchmarks.support.services import temp_database, temp_topology, wait_visible
 from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import Topology
 
 CONSUMERS = ("aio-pika ack", "aiormq basic_ack", "aiormq basic_ack wait=False", "aiormq one write")

@@ -42,7 +42,7 @@ from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, tab
 from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.recorder.writer import ANNOTATION_COLUMNS, TRANSACTION_COLUMNS, PgWriter
 from bulk_recorder.records import CreditAnnotation, Record, Transaction, decode
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 
 CHUNK = 1000
 TABLES: dict[str, tuple[str, ...]] = {

@@ -24,7 +24,8 @@ from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.broker import BrokerNodes
 from bulk_recorder.infra.migrate import migrate
 from consumer.tools.demo_support import ProgressLine, free_port, http_get
-from consumer.tools.loadgen import Generator, LoadReport, LoadSpec, publish_load
+from consumer.tools.generator import Generator
+from consumer.tools.loadgen import LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 

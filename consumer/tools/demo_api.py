@@ -30,7 +30,7 @@ from bulk_recorder.infra import pg_hosts
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.key_store import create_key, revoke_keys
 from consumer.tools.demo_support import ProgressLine, free_port, http_get
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from settings import Settings
 
 log = logging.getLogger(__name__)

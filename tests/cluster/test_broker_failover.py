@@ -28,7 +28,8 @@ import pytest
 
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import copy_to_outbox, notify
-from consumer.tools.loadgen import Generator, LoadReport, LoadSpec, publish_load
+from consumer.tools.generator import Generator
+from consumer.tools.loadgen import LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, delete_topology
 from tests.cluster.failover_support import (
     OUTBOX,

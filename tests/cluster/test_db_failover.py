@@ -29,7 +29,8 @@ import httpx
 import pytest
 
 from bulk_recorder.infra import pg_hosts
-from consumer.tools.loadgen import Generator, LoadSpec, publish_load
+from consumer.tools.generator import Generator
+from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.cluster.conftest import PgClusterFactory
 from tests.cluster.failover_support import CommitWatch, recovery_line
 from tests.conftest import free_port, run_cli, settings_env, wait_for

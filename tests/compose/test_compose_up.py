@@ -18,7 +18,7 @@ import asyncpg
 import httpx
 import pytest
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.compose.conftest import HEALTH_CHECKED, Pipeline, health_status
 from tests.conftest import wait_for
 from tests.image import podman

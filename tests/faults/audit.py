@@ -17,7 +17,8 @@ import asyncpg
 
 from bulk_recorder.records import RecordError, decode
 from consumer.delivery import ERROR_HEADER
-from consumer.tools.loadgen import Generator, LoadReport
+from consumer.tools.generator import Generator
+from consumer.tools.loadgen import LoadReport
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.conftest import scale
 

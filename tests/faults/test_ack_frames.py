@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import wait_for
 from tests.faults.amqp_tap import AmqpTap
 from tests.faults.audit import audit_run, report_for

@@ -14,7 +14,7 @@ import json
 import httpx
 import pytest
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import free_port, wait_for
 from tests.faults.conftest import API, via_proxy
 from tests.faults.proxy import TcpProxy

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from bulk_recorder.producer.key_store import hash_key
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from settings import Settings
 from tests.conftest import free_port, wait_for
 from tests.faults.conftest import API, REPO, RecorderProcess, settings_env

@@ -13,7 +13,7 @@ import pytest
 
 from bulk_recorder.records import RecordError, decode
 from consumer.delivery import ERROR_HEADER
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from settings import Settings
 from tests.conftest import wait_for
 from tests.faults.audit import settled_count

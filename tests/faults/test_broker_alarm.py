@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import Topology
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import LIST_QUEUE_MESSAGES, audit_run, queue_messages, report_for

@@ -26,7 +26,8 @@ from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import outbox_stats
 from bulk_recorder.producer.relay import RelayConfig
-from consumer.tools.loadgen import Generator, LoadSpec, publish_load
+from consumer.tools.generator import Generator
+from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.conftest import wait_for
 from tests.faults.audit import wait_for_rows
 from tests.integration.producer_support import api_client, ndjson, running_relay

@@ -24,7 +24,7 @@ import pytest
 
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.recorder.writer import PgWriter, WriteResult
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.audit import audit_run, report_for
 from tests.faults.pg_locks import (

@@ -15,7 +15,8 @@ import aiormq
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
-from consumer.tools.loadgen import Generator, LoadSpec, publish_load
+from consumer.tools.generator import Generator
+from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.audit import (
     audit_run,

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import audit_run, report_for
 

@@ -23,7 +23,7 @@ import pytest
 
 from bulk_recorder.records import RecordError, decode
 from consumer.delivery import ERROR_HEADER
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import Topology
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.audit import audit_run, report_for, settled_count

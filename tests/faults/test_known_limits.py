@@ -18,7 +18,7 @@ import pytest
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.recorder.writer import PgWriter
 from consumer.delivery import ERROR_HEADER
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import Topology
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import audit_run, report_for, settled_count

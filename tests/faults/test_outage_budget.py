@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import Broker, RunningRecorder, Services, wait_for
 from tests.faults.audit import audit_run, check_counters, report_for, row_counts
 

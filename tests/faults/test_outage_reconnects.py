@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from settings import Settings
 from tests.conftest import Broker, RunningRecorder, Services, wait_for
 from tests.faults.audit import row_counts, settled_count

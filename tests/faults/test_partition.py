@@ -21,7 +21,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from settings import Settings
 from tests.conftest import Broker, RunningRecorder, Services, wait_for
 from tests.faults.audit import settled_count

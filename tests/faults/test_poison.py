@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from consumer.delivery import ERROR_HEADER
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import wait_for
 from tests.faults.audit import DATABASE_REFUSED, settled_count
 

@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 from tests.conftest import Broker, wait_for

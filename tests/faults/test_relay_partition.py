@@ -20,7 +20,7 @@ import pytest
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import enqueue, notify
 from bulk_recorder.producer.relay import Relay, RelayConfig
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import Broker, wait_for
 from tests.faults.conftest import via_proxy
 from tests.integration.producer_support import declare_for, running_relay

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bulk_recorder.producer.relay import RelayConfig
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import Topology
 from tests.conftest import Broker, wait_for
 from tests.integration.producer_support import api_client, ndjson, running_relay

@@ -18,7 +18,7 @@ import pytest
 
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.relay import RelayConfig
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from consumer.topology import declare_topology
 from tests.conftest import Broker, wait_for
 from tests.integration.producer_support import RunningRelay, api_client, ndjson, running_relay

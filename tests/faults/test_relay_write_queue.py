@@ -25,7 +25,7 @@ from pamqp.header import ContentHeader
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import notify
 from bulk_recorder.producer.relay import RelayConfig
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import Broker, Services, wait_for
 from tests.faults.amqp_tap import FrameReader
 from tests.faults.conftest import via_proxy

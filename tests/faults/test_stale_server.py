@@ -14,7 +14,7 @@ import json
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import wait_for
 from tests.faults.audit import row_counts
 

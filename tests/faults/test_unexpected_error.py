@@ -11,7 +11,7 @@ import pytest
 
 from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import Record
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import wait_for
 from tests.faults.audit import audit_run, report_for
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from settings import Settings
 from tests.conftest import REPO, SettingsFactory, wait_for
 from tests.image import podman

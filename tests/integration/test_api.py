@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from bulk_recorder.records import CreditAnnotation, decode
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import free_port, settings_env, wait_for
 from tests.integration.producer_support import api_client, bearer, ndjson, provision_key
 

@@ -14,7 +14,7 @@ import pytest
 
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api import create_app
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.integration.producer_support import api_client, bearer, ndjson, provision_key
 
 pytestmark = [pytest.mark.postgres]

@@ -22,7 +22,7 @@ from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import enqueue, notify
 from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import Record, Transaction, decode
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import settings_env, wait_for
 from tests.faults.pg_locks import (
     backend_pid,

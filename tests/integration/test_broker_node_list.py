@@ -6,7 +6,8 @@ random start picks, both must end up on the live one and do their work.
 
 from __future__ import annotations
 
-from consumer.tools.loadgen import Generator, LoadSpec, publish_load
+from consumer.tools.generator import Generator
+from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.conftest import SettingsFactory, free_port, wait_for
 from tests.integration.producer_support import api_client, ndjson, running_relay
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import SettingsFactory, run_cli, settings_env, wait_for
 from tests.integration.producer_support import api_client, ndjson, running_relay
 

@@ -17,7 +17,7 @@ import pytest
 from consumer.delivery import ERROR_HEADER
 from consumer.tools import dlq as dlq_module
 from consumer.tools.dlq import REPLAY_HEADER, inspect_dlq, replay_dlq
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import settled_count
 from tests.faults.conftest import REPO, settings_env

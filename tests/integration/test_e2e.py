@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import free_port, settings_env, wait_for
 from tests.faults.amqp_tap import AmqpTap
 from tests.faults.audit import settled_count

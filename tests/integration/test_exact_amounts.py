@@ -22,7 +22,7 @@ import pytest
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import CreditAnnotation, Record, Transaction, decode
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import wait_for
 from tests.integration.producer_support import api_client, balances, expected_balances
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import SettingsFactory, free_port, settings_env, wait_for
 from tests.integration.producer_support import bearer, ndjson, provision_key
 

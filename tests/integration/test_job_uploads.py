@@ -19,7 +19,7 @@ import pytest
 import bulk_recorder.producer.api.jobs as jobs_module
 from bulk_recorder.producer.job_staging import STAGING_TABLE
 from bulk_recorder.producer.parsers import CSV_COLUMNS
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import free_port, settings_env, wait_for
 from tests.faults.pg_locks import backend_pid, wait_for_backends_gone, wait_for_blocked_by
 from tests.integration.producer_support import api_client, ndjson, provision_key

@@ -24,7 +24,7 @@ from bulk_recorder.producer.job_staging import STAGING_TABLE, JobStaging
 from bulk_recorder.producer.relay import Relay, RelayConfig
 from bulk_recorder.producer.relay_batch import BatchSender
 from bulk_recorder.records import decode
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import settings_env, wait_for
 from tests.faults.proxy import TcpProxy as HoldingProxy
 from tests.integration.producer_support import (

@@ -20,7 +20,7 @@ from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.outbox import enqueue
 from bulk_recorder.producer.relay import RelayConfig
 from bulk_recorder.producer.relay_batch import BatchSender
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import REPO, settings_env, wait_for
 from tests.integration.producer_support import api_client, ndjson, running_relay
 

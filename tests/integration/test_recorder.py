@@ -16,7 +16,7 @@ import consumer.app
 import consumer.delivery
 from bulk_recorder.recorder.flusher import Delivery
 from consumer.delivery import ERROR_HEADER, AmqpDelivery
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.conftest import Broker, RunningRecorder, wait_for
 from tests.faults.audit import settled_count
 from tests.integration.producer_support import balances, expected_balances

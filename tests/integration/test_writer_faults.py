@@ -25,7 +25,7 @@ from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.recorder.statements import INSERT_ANNOTATIONS, annotation_arguments
 from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import CreditAnnotation, Record, Transaction, decode
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.faults.pg_locks import close_gate, wait_for_blocked_by
 from tests.integration.producer_support import balances, expected_balances
 from tests.integration.test_balances import ledger, records

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.rigs.rabbitmq_node import free_port
 
 REPO = Path(__file__).resolve().parents[2]

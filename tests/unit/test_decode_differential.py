@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bulk_recorder.records import RecordError, decode
-from consumer.tools.loadgen import Generator, valid_document
+from consumer.tools.generator import Generator, valid_document
 from tests.faults.test_bad_input import MAX_BYTES, bad_inputs
 from tests.unit import decode_oracle, test_records
 from tests.unit.test_records import *  # noqa: F403 - its tests run again here, through both

@@ -21,7 +21,7 @@ from bulk_recorder.producer.parsers import (
     parser_for,
 )
 from bulk_recorder.records import decode
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 
 A = {
     "id": "0193a3c4-0000-7000-8000-000000000001",

@@ -7,7 +7,7 @@ import hashlib
 import json
 
 from bulk_recorder.producer.api.body import canonical_hash
-from consumer.tools.loadgen import Generator
+from consumer.tools.generator import Generator
 from tests.unit.test_records import tx
 
 PLACEHOLDER = b'"__M__"'

@@ -19,7 +19,8 @@ from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.api import create_app
 from bulk_recorder.producer.key_store import DEFAULT_SCOPES, create_key
 from bulk_recorder.producer.relay import Relay, RelayConfig
-from bulk_recorder.records import exact
+from bulk_recorder.records import CreditAnnotation, decode, exact
+from consumer.tools.generator import Generator
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
@@ -131,6 +132,19 @@ def expected_balances(transactions: list[dict[str, Any]]) -> dict[tuple[str, str
             amount = Decimal(str(op["amount"]))  # exactly: the contract's 38 digits, not 28
             signed = amount if op["type"] == "CREDIT" else amount.copy_negate()
             out[key] = exact.add(out.get(key, exact.ZERO), signed)
+    return out
+
+
+def annotation_records(seed: int, count: int, **changes: Any) -> list[CreditAnnotation]:
+    """``count`` valid annotations of the generator, decoded as the recorder would; ``changes``
+    set fields of each (e.g. an amount at the contract's limit)."""
+    gen = Generator.create(seed)
+    out = []
+    for _ in range(count):
+        raw = {k: v for k, v in gen.credit_annotation().items() if v is not None}
+        record = decode(json.dumps({**raw, **changes}).encode(), "credit_annotation")
+        assert isinstance(record, CreditAnnotation)
+        out.append(record)
     return out
 
 

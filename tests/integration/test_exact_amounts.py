@@ -21,10 +21,16 @@ import pytest
 
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.recorder.writer import PgWriter
-from bulk_recorder.records import CreditAnnotation, Record, Transaction, decode
+from bulk_recorder.records import Record
 from consumer.tools.generator import Generator
 from tests.conftest import wait_for
-from tests.integration.producer_support import api_client, balances, expected_balances
+from tests.integration.producer_support import (
+    annotation_records,
+    api_client,
+    balances,
+    expected_balances,
+)
+from tests.integration.test_balances import records
 
 pytestmark = [pytest.mark.postgres]
 
@@ -67,27 +73,6 @@ def extreme_transactions(seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def as_records(transactions: list[dict[str, Any]]) -> list[Transaction]:
-    out = []
-    for tx in transactions:
-        record = decode(json.dumps(tx).encode(), "transaction")
-        assert isinstance(record, Transaction)
-        out.append(record)
-    return out
-
-
-def credit_annotations(seed: int, count: int) -> list[CreditAnnotation]:
-    gen = Generator.create(seed)
-    out = []
-    for _ in range(count):
-        raw = {k: v for k, v in gen.credit_annotation().items() if v is not None}
-        raw["amount"] = LARGEST
-        record = decode(json.dumps(raw).encode(), "credit_annotation")
-        assert isinstance(record, CreditAnnotation)
-        out.append(record)
-    return out
-
-
 async def assert_exact(conn: asyncpg.Connection, txs: list[dict[str, Any]]) -> None:
     """Every amount stored as sent, every balance exact, and each asset's balances sum to 0."""
     held = await balances(conn)
@@ -124,9 +109,9 @@ async def test_the_contracts_extreme_amounts_balance_to_the_last_digit_in_every_
 ) -> None:
     await migrate(database_url)
     txs = extreme_transactions(seed=181)
-    flush: list[Record] = [*as_records(txs)]
+    flush: list[Record] = [*records(txs)]
     if with_annotations:
-        flush += credit_annotations(seed=182, count=3)
+        flush += annotation_records(seed=182, count=3, amount=LARGEST)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
     try:
         writer = PgWriter(pool, max_rows_per_insert=rows_per_insert)

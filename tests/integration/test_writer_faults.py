@@ -14,7 +14,6 @@ instead of added to it shows too.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import asyncpg
@@ -24,24 +23,12 @@ from bulk_recorder.infra.errors import TransientDbError
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.recorder.statements import INSERT_ANNOTATIONS, annotation_arguments
 from bulk_recorder.recorder.writer import PgWriter
-from bulk_recorder.records import CreditAnnotation, Record, Transaction, decode
-from consumer.tools.generator import Generator
+from bulk_recorder.records import CreditAnnotation, Record, Transaction
 from tests.faults.pg_locks import close_gate, wait_for_blocked_by
-from tests.integration.producer_support import balances, expected_balances
+from tests.integration.producer_support import annotation_records, balances, expected_balances
 from tests.integration.test_balances import ledger, records
 
 pytestmark = [pytest.mark.postgres]
-
-
-def credit_annotations(seed: int, count: int) -> list[CreditAnnotation]:
-    gen = Generator.create(seed)
-    out = []
-    for _ in range(count):
-        raw = {k: v for k, v in gen.credit_annotation().items() if v is not None}
-        record = decode(json.dumps(raw).encode(), "credit_annotation")
-        assert isinstance(record, CreditAnnotation)
-        out.append(record)
-    return out
 
 
 # name: (transactions, annotations, where the last statement waits)
@@ -67,7 +54,7 @@ async def test_a_fault_at_a_flushs_last_statement_leaves_nothing_and_the_retry_i
     await migrate(database_url)
     everything = ledger(seed=180, count=count + 200, accounts=6)
     prior, txs = everything[:200], everything[200:]
-    flush: list[Record] = [*records(txs), *credit_annotations(seed=181, count=anns)]
+    flush: list[Record] = [*records(txs), *annotation_records(seed=181, count=anns)]
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     conn, gate = await db(), await db()
     try:

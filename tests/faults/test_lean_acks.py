@@ -146,15 +146,7 @@ async def test_acks_written_just_before_our_own_close_still_reach_the_broker(
         await asyncio.gather(busy, return_exceptions=True)
     finally:
         await connection.close()
-    async with aiormq.connect(services.rabbitmq_url) as check_connection:
-        check = await check_connection.channel()
-
-        async def consumer_gone() -> bool:  # the queue has handled our channel's end
-            return (await check.queue_declare(queue, passive=True)).consumer_count == 0
-
-        await wait_for(consumer_gone)
-        left = (await check.queue_declare(queue, passive=True)).message_count
-        await check.queue_delete(queue)
+    left = await _back_in_the_queue(services.rabbitmq_url, queue)
     assert left == 0, f"{left} of {MESSAGES} acked deliveries went back to the queue"
 
 
@@ -200,17 +192,25 @@ async def test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue(
         await consuming.close()
     finally:
         await connection.close()
-    async with aiormq.connect(services.rabbitmq_url) as check_connection:
-        check = await check_connection.channel()
-
-        async def consumer_gone() -> bool:  # the queue has handled our channel's end
-            return (await check.queue_declare(queue, passive=True)).consumer_count == 0
-
-        await wait_for(consumer_gone)
-        left = (await check.queue_declare(queue, passive=True)).message_count
-        await check.queue_delete(queue)
+    left = await _back_in_the_queue(services.rabbitmq_url, queue)
     assert left == 0, f"{left} of {count} acked deliveries went back to the queue"
 
 
 async def _ignore(message: aiormq.abc.DeliveredMessage) -> None:
     return None
+
+
+async def _back_in_the_queue(url: str, queue: str) -> int:
+    """Messages in ``queue`` once it has handled our channel's end (no consumer left): the acked
+    deliveries the broker returned. The queue is deleted."""
+    async with aiormq.connect(url) as check_connection:
+        check = await check_connection.channel()
+
+        async def consumer_gone() -> bool:
+            return (await check.queue_declare(queue, passive=True)).consumer_count == 0
+
+        await wait_for(consumer_gone)
+        left = (await check.queue_declare(queue, passive=True)).message_count
+        assert left is not None
+        await check.queue_delete(queue)
+    return left

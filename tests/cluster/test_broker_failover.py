@@ -70,6 +70,7 @@ async def open_broker(cluster: RabbitCluster, topo: Topology) -> Broker:
 
 PER_RUN = 8_000  # valid records of each run
 KILL_AFTER = 1_000  # rows recorded (of this run) when the leader is killed
+MAX_STALL_S = 3.0  # the longest stretch without a commit after a kill (docs/high-availability.md)
 
 
 async def test_two_recorders_survive_the_loss_of_two_quorum_leaders(
@@ -154,6 +155,9 @@ async def test_two_recorders_survive_the_loss_of_two_quorum_leaders(
     print(recovery_line(f"leader {leader.name} SIGKILLed", watch, killed_1))
     print(recovery_line(f"new leader {leader_2.name} SIGKILLed", watch, killed_2))
     audit.assert_exact(dlq_surplus_allowed=True)
+    for what, killed in (("first", killed_1), ("second", killed_2)):
+        stall = watch.longest_stall_after(killed)
+        assert stall <= MAX_STALL_S, f"{stall:.1f} s without a commit after the {what} kill"
 
 
 OUTBOX_ROWS = 20_000

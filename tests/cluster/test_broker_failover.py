@@ -10,7 +10,9 @@ b) the relay drains a large outbox (20,000 rows) while the node it is connected 
 
 Each ends with the exact audit of ``tests/faults/audit.py`` (published = recorded, balances
 exact, DLQ exact with reasons, queues drained, nothing unacked) and every process still up, and
-prints the recovery time read off PostgreSQL: from the kill to the first commit after it.
+prints the recovery time read off PostgreSQL: from the kill to the first commit after it, and
+the longest stretch without a commit while records waited (at most 3 s, asserted in a); the
+quiet queue between a) 's two loads is no stall (issue 23: it was read as one, 11-18 s).
 """
 
 from __future__ import annotations
@@ -151,12 +153,15 @@ async def test_two_recorders_survive_the_loss_of_two_quorum_leaders(
     finally:
         await watch.stop()
         print("\nphases:", {k: round(v, 1) for k, v in phases.items()})
+    # A stall is a stretch without a commit while records wait: the first load is over before
+    # the second is published (after the node's restart), and the quiet queue between is none.
+    kills = (("first", killed_1, leader, first_valid), ("second", killed_2, leader_2, valid))
     print()
-    print(recovery_line(f"leader {leader.name} SIGKILLed", watch, killed_1))
-    print(recovery_line(f"new leader {leader_2.name} SIGKILLed", watch, killed_2))
+    for what, killed, node, rows in kills:
+        print(recovery_line(f"{what} kill: {node.name} SIGKILLed", watch, killed, rows))
     audit.assert_exact(dlq_surplus_allowed=True)
-    for what, killed in (("first", killed_1), ("second", killed_2)):
-        stall = watch.longest_stall_after(killed)
+    for what, killed, _, rows in kills:
+        stall = watch.longest_stall_after(killed, until_rows=rows)
         assert stall <= MAX_STALL_S, f"{stall:.1f} s without a commit after the {what} kill"
 
 

@@ -110,6 +110,7 @@ class CommitWatch:
                 break
         return longest
 
+
 def cluster_settings(
     database_url: str, rabbitmq_url: str, topology: Topology, **overrides: object
 ) -> Settings:

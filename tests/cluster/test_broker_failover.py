@@ -12,7 +12,7 @@ Each ends with the exact audit of ``tests/faults/audit.py`` (published = recorde
 exact, DLQ exact with reasons, queues drained, nothing unacked) and every process still up, and
 prints the recovery time read off PostgreSQL: from the kill to the first commit after it, and
 the longest stretch without a commit while records waited (at most 3 s, asserted in a); the
-quiet queue between a) 's two loads is no stall (issue 23: it was read as one, 11-18 s).
+quiet queue between the two loads of a) is no stall (issue 23: it was read as one, 11-18 s).
 """
 
 from __future__ import annotations

@@ -595,4 +595,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="stall-measured-over-a-quiet-queue",
+        path="tests/cluster/failover_support.py",
+        old="            if until_rows is not None and v >= until_rows:\n                break\n",
+        new="",
+        promise=NODE_LOSS,
+        tests=(
+            "tests/cluster/test_broker_failover.py::"
+            "test_two_recorders_survive_the_loss_of_two_quorum_leaders",
+        ),
+    ),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 import time
 from collections import Counter
@@ -109,6 +110,34 @@ class CommitWatch:
             if until_rows is not None and v >= until_rows:
                 break
         return longest
+
+
+def waits_without_commit(
+    watch: CommitWatch, moment: float, ready: list[float], base: int, until_rows: int
+) -> list[tuple[float, float]]:
+    """Every stretch (from, to) after ``moment`` in which a record waited and none was
+    committed, until ``until_rows``. ``ready`` holds, in order, when each record became
+    committable (its publish confirmed by the broker), counted on top of ``base`` rows: a
+    stretch without a commit counts only from the moment more records were confirmed than
+    committed (a quiet queue is no stall)."""
+    previous_t, previous_v = moment, watch._before(moment)
+    stretches: list[tuple[float, float]] = []
+    for t, v in watch.samples:
+        if t <= moment or v == previous_v:
+            continue
+        index = previous_v - base  # the next record to commit, in confirm order
+        if 0 <= index < len(ready) and ready[index] < t:
+            stretches.append((max(previous_t, ready[index]), t))
+        previous_t, previous_v = t, v
+        if v >= until_rows:
+            break
+    return stretches
+
+
+def longest_gap_after(moments: list[float], start: float, end: float) -> float:
+    """The longest time without an event of ``moments`` (sorted) between ``start`` and ``end``."""
+    inside = [start, *(m for m in moments if start < m < end), end]
+    return max(b - a for a, b in itertools.pairwise(inside))
 
 
 def cluster_settings(

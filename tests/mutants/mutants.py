@@ -602,6 +602,8 @@ MUTANTS: tuple[Mutant, ...] = (
         new="",
         promise=NODE_LOSS,
         tests=(
+            "tests/unit/test_commit_watch.py::"
+            "test_bounded_by_the_rows_that_waited_only_the_real_stall_counts",
             "tests/cluster/test_broker_failover.py::"
             "test_two_recorders_survive_the_loss_of_two_quorum_leaders",
         ),

@@ -255,6 +255,7 @@ async def _one_run(run: int, cluster: RabbitCluster, recorders, database_url: st
         await asyncio.sleep(DOWN_S)  # the scenario: the node stays down a few seconds
         await asyncio.to_thread(cluster.restart, victim)
         await asyncio.to_thread(cluster.wait_all_online, topo.queue)
+        back_after = time.monotonic() - killed_1
         victim_2 = await asyncio.to_thread(cluster.leader_of, topo.queue)
         dlq_leader = await asyncio.to_thread(cluster.leader_of, topo.dead_letter_queue)
         killed_2 = time.monotonic()
@@ -272,7 +273,8 @@ async def _one_run(run: int, cluster: RabbitCluster, recorders, database_url: st
         ]
         print(
             f"run {run}: {len(publisher.confirmed)} valid and {publisher.invalid_confirmed} "
-            f"invalid confirmed, {publisher.unconfirmed} unconfirmed"
+            f"invalid confirmed, {publisher.unconfirmed} unconfirmed; the first victim back "
+            f"(a member of the queue again) +{back_after:.1f} s after its kill"
         )
     finally:
         await watch.stop()

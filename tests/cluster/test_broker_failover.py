@@ -11,8 +11,9 @@ b) the relay drains a large outbox (20,000 rows) while the node it is connected 
 Each ends with the exact audit of ``tests/faults/audit.py`` (published = recorded, balances
 exact, DLQ exact with reasons, queues drained, nothing unacked) and every process still up, and
 prints the recovery time read off PostgreSQL: from the kill to the first commit after it, and
-the longest stretch without a commit while records waited (at most 3 s, asserted in a); the
-quiet queue between the two loads of a) is no stall (issue 23: it was read as one, 11-18 s).
+the longest stretch without a commit while records waited (at most 3 s after a)'s first kill,
+asserted); the quiet queue between the two loads of a) is no stall (issue 23: it was read as
+one, 11-18 s).
 """
 
 from __future__ import annotations
@@ -160,9 +161,11 @@ async def test_two_recorders_survive_the_loss_of_two_quorum_leaders(
     for what, killed, node, rows in kills:
         print(recovery_line(f"{what} kill: {node.name} SIGKILLed", watch, killed, rows))
     audit.assert_exact(dlq_surplus_allowed=True)
-    for what, killed, _, rows in kills:
-        stall = watch.longest_stall_after(killed, until_rows=rows)
-        assert stall <= MAX_STALL_S, f"{stall:.1f} s without a commit after the {what} kill"
+    # The first kill (the node led the DLQ too) is the one once read as 11-18 s. The second one
+    # lands while the restarted node catches up, where the queue may stall for every client:
+    # tests/cluster/test_dlq_leader_loss.py tells that apart from the recorders' own stall.
+    stall = watch.longest_stall_after(killed_1, until_rows=first_valid)
+    assert stall <= MAX_STALL_S, f"{stall:.1f} s without a commit after the first kill"
 
 
 OUTBOX_ROWS = 20_000

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 import time
 from collections import Counter
@@ -87,16 +88,56 @@ class CommitWatch:
                 return t - moment
         return None
 
-    def longest_stall_after(self, moment: float) -> float:
-        """The longest time without a change, from ``moment`` to the last change."""
+    def longest_stall_after(self, moment: float, until_rows: int | None = None) -> float:
+        """The longest time without a change, from ``moment`` to the last change (or to the
+        first sample holding ``until_rows`` rows: the work that was waiting then is done, and
+        a quiet queue after it is not a stall)."""
+        return self.longest_stall_span_after(moment, until_rows)[1]
+
+    def longest_stall_span_after(
+        self, moment: float, until_rows: int | None = None
+    ) -> tuple[float, float, int]:
+        """(start, length, rows at its start) of the stretch :meth:`longest_stall_after` measures:
+        start in seconds from ``moment``."""
         previous_t, previous_v = moment, self._before(moment)
-        longest = 0.0
+        longest = (0.0, 0.0, previous_v)
         for t, v in self.samples:
             if t <= moment or v == previous_v:
                 continue
-            longest = max(longest, t - previous_t)
+            if t - previous_t > longest[1]:
+                longest = (previous_t - moment, t - previous_t, previous_v)
             previous_t, previous_v = t, v
+            if until_rows is not None and v >= until_rows:
+                break
         return longest
+
+
+def waits_without_commit(
+    watch: CommitWatch, moment: float, ready: list[float], base: int, until_rows: int
+) -> list[tuple[float, float]]:
+    """Every stretch (from, to) after ``moment`` in which a record waited and none was
+    committed, until ``until_rows``. ``ready`` holds, in order, when each record became
+    committable (its publish confirmed by the broker), counted on top of ``base`` rows: a
+    stretch without a commit counts only from the moment more records were confirmed than
+    committed (a quiet queue is no stall)."""
+    previous_t, previous_v = moment, watch._before(moment)
+    stretches: list[tuple[float, float]] = []
+    for t, v in watch.samples:
+        if t <= moment or v == previous_v:
+            continue
+        index = previous_v - base  # the next record to commit, in confirm order
+        if 0 <= index < len(ready) and ready[index] < t:
+            stretches.append((max(previous_t, ready[index]), t))
+        previous_t, previous_v = t, v
+        if v >= until_rows:
+            break
+    return stretches
+
+
+def longest_gap_after(moments: list[float], start: float, end: float) -> float:
+    """The longest time without an event of ``moments`` (sorted) between ``start`` and ``end``."""
+    inside = [start, *(m for m in moments if start < m < end), end]
+    return max(b - a for a, b in itertools.pairwise(inside))
 
 
 def cluster_settings(
@@ -153,8 +194,13 @@ async def wait_value(
         await asyncio.sleep(0.05)
 
 
-def recovery_line(what: str, watch: CommitWatch, killed_at: float) -> str:
+def recovery_line(
+    what: str, watch: CommitWatch, killed_at: float, until_rows: int | None = None
+) -> str:
     first = watch.first_change_after(killed_at)
-    stall = watch.longest_stall_after(killed_at)
+    start, stall, rows = watch.longest_stall_span_after(killed_at, until_rows)
     first_text = f"{first:.2f} s" if first is not None else "none"
-    return f"{what}: kill -> first commit after it {first_text}; longest stall {stall:.2f} s"
+    return (
+        f"{what}: kill -> first commit after it {first_text}; longest stall {stall:.2f} s "
+        f"(from +{start:.2f} s, at {rows} rows)"
+    )

@@ -10,7 +10,10 @@ b) the relay drains a large outbox (20,000 rows) while the node it is connected 
 
 Each ends with the exact audit of ``tests/faults/audit.py`` (published = recorded, balances
 exact, DLQ exact with reasons, queues drained, nothing unacked) and every process still up, and
-prints the recovery time read off PostgreSQL: from the kill to the first commit after it.
+prints the recovery time read off PostgreSQL: from the kill to the first commit after it, and
+the longest stretch without a commit while records waited (at most 3 s after a)'s first kill,
+asserted); the quiet queue between the two loads of a) is no stall (issue 23: it was read as
+one, 11-18 s).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ async def open_broker(cluster: RabbitCluster, topo: Topology) -> Broker:
 
 PER_RUN = 8_000  # valid records of each run
 KILL_AFTER = 1_000  # rows recorded (of this run) when the leader is killed
+MAX_STALL_S = 3.0  # the longest stretch without a commit after a kill (docs/high-availability.md)
 
 
 async def test_two_recorders_survive_the_loss_of_two_quorum_leaders(
@@ -150,10 +154,18 @@ async def test_two_recorders_survive_the_loss_of_two_quorum_leaders(
     finally:
         await watch.stop()
         print("\nphases:", {k: round(v, 1) for k, v in phases.items()})
+    # A stall is a stretch without a commit while records wait: the first load is over before
+    # the second is published (after the node's restart), and the quiet queue between is none.
+    kills = (("first", killed_1, leader, first_valid), ("second", killed_2, leader_2, valid))
     print()
-    print(recovery_line(f"leader {leader.name} SIGKILLed", watch, killed_1))
-    print(recovery_line(f"new leader {leader_2.name} SIGKILLed", watch, killed_2))
+    for what, killed, node, rows in kills:
+        print(recovery_line(f"{what} kill: {node.name} SIGKILLed", watch, killed, rows))
     audit.assert_exact(dlq_surplus_allowed=True)
+    # The first kill (the node led the DLQ too) is the one once read as 11-18 s. The second one
+    # lands while the restarted node catches up, where the queue may stall for every client:
+    # tests/cluster/test_dlq_leader_loss.py tells that apart from the recorders' own stall.
+    stall = watch.longest_stall_after(killed_1, until_rows=first_valid)
+    assert stall <= MAX_STALL_S, f"{stall:.1f} s without a commit after the first kill"
 
 
 OUTBOX_ROWS = 20_000

@@ -595,4 +595,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="stall-measured-over-a-quiet-queue",
+        path="tests/cluster/failover_support.py",
+        old="            if until_rows is not None and v >= until_rows:\n                break\n",
+        new="",
+        promise=NODE_LOSS,
+        tests=(
+            "tests/unit/test_commit_watch.py::"
+            "test_bounded_by_the_rows_that_waited_only_the_real_stall_counts",
+            "tests/cluster/test_broker_failover.py::"
+            "test_two_recorders_survive_the_loss_of_two_quorum_leaders",
+        ),
+    ),
 )

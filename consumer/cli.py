@@ -154,6 +154,23 @@ def cmd_healthcheck(args: argparse.Namespace) -> int:
     return code
 
 
+def _add_dlq_parser(sub: Any) -> None:
+    dlq = sub.add_parser("dlq", help="inspect, replay or discard dead letters, by reason")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    ins = dlq_sub.add_parser("inspect", help="counts by reason and sample bodies")
+    ins.add_argument("--samples", type=int, default=3)
+    ins.add_argument("--json", action="store_true", help="the same as one JSON document")
+    rep = dlq_sub.add_parser("replay", help="move messages back to the main exchange")
+    rep.add_argument("--limit", type=_positive_int, default=None)
+    rep.add_argument("--reason", default=None, help="only this reason group (as inspect prints)")
+    rep.add_argument("--dry-run", action="store_true", help="show what would move; move nothing")
+    rep.add_argument("--samples", type=int, default=3)
+    dis = dlq_sub.add_parser("discard", help="remove the messages of one reason for good")
+    dis.add_argument("--reason", required=True, help="the reason group (as inspect prints)")
+    dis.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    dis.add_argument("--samples", type=int, default=3)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bulk-recorder",
@@ -190,20 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--count", type=_positive_int, default=300_000)
     demo.add_argument("--via", choices=("queue", "api"), default="queue")
 
-    dlq = sub.add_parser("dlq", help="inspect, replay or discard dead letters, by reason")
-    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
-    ins = dlq_sub.add_parser("inspect", help="counts by reason and sample bodies")
-    ins.add_argument("--samples", type=int, default=3)
-    ins.add_argument("--json", action="store_true", help="the same as one JSON document")
-    rep = dlq_sub.add_parser("replay", help="move messages back to the main exchange")
-    rep.add_argument("--limit", type=_positive_int, default=None)
-    rep.add_argument("--reason", default=None, help="only this reason group (as inspect prints)")
-    rep.add_argument("--dry-run", action="store_true", help="show what would move; move nothing")
-    rep.add_argument("--samples", type=int, default=3)
-    dis = dlq_sub.add_parser("discard", help="remove the messages of one reason for good")
-    dis.add_argument("--reason", required=True, help="the reason group (as inspect prints)")
-    dis.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    dis.add_argument("--samples", type=int, default=3)
+    _add_dlq_parser(sub)
 
     sub.add_parser("api", help="serve the ingest API on API_HOST:API_PORT until SIGTERM")
     relay = sub.add_parser("relay", help="publish outbox rows with confirms until SIGTERM")

@@ -2,7 +2,7 @@
 ``bulk-recorder dlq inspect`` prints (and ``--json``) and ``--reason R`` selects.
 
 A reason is our ``x-bulk-recorder-error`` header, else the broker's ``x-death`` reason. Reasons
-are grouped with their numbers blanked, so that ``debits 1.00 != credits 2.00`` and
+are grouped with their ids (UUIDs) and numbers blanked, so that ``debits 1.00 != credits 2.00`` and
 ``debits 3.10 != credits 0.01`` are one group; ``--reason`` takes a group as printed (or any
 reason of it, whose numbers are blanked the same way).
 
@@ -51,10 +51,14 @@ def reason_of(headers: dict[str, Any] | None) -> str:
     return "unknown (no reason header)"
 
 
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+
+
 def reason_group(reason: str) -> str:
-    """A reason with its numbers blanked, so that 'debits 1.00 != credits 2.00' and
-    'debits 3.10 != credits 0.01' count as one line."""
-    return re.sub(r"[0-9]+", "#", reason)
+    """A reason with its ids and numbers blanked and its white space folded, so that
+    'debits 1.00 != credits 2.00' and 'debits 3.10 != credits 0.01' count as one line, and so
+    do two rows the database refused for the same constraint (the DETAIL names the id)."""
+    return re.sub(r"[0-9]+", "#", re.sub(r"\s+", " ", _UUID.sub("<id>", reason)))
 
 
 def _utc(value: datetime) -> datetime:

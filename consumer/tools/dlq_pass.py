@@ -2,9 +2,10 @@
 (replayed, discarded), the others nacked back in the order read.
 
 A quorum queue returns a closed channel's unacked messages in an order of its own (RabbitMQ
-3.10: read 1..19, close, and they come back 10, 11, 13, ..., 1, 19, 2, ...), while nacks with
-requeue, sent in the order read, put them back in that order ahead of anything newer. If the
-process is killed the broker returns them itself: none lost, their order may change.
+3.10: read 1..19, close, and they come back 10, 11, 13, ..., 1, 19, 2, ...) and puts returned
+messages behind the ready ones; nacks with requeue, paced and sent in the order read after the
+whole DLQ was read, put them back in their order. If the process is killed or interrupted, the
+broker returns them itself: none lost, their order may change.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class Kept:
     ``GIVE_BACK_WAIT_S``) until the queue's ready count shows them back. A quorum queue's
     channel holds back returns once too many are unapplied and later sends the held ones in an
     order of its own: 200 nacks sent at once came back with the last ones first.
+
+    A returned message goes behind the messages ready at that moment, so every pass reads the
+    whole DLQ (as it was when the pass started) before giving back: the kept messages are then
+    the whole DLQ, back in its order, behind any message dead-lettered during the pass.
     """
 
     queue: str = ""
@@ -108,7 +113,8 @@ Take = Callable[[AbstractIncomingMessage], Awaitable[None]]
 class Pass:
     """One pass that takes messages: the selected ones go to ``take``, which settles them (at
     most ``REPLAY_WINDOW`` at once); the others, and those ``take`` could not settle, are
-    nacked back in the order read. The first failure ends the pass."""
+    nacked back in the order read. After the first failure, or ``limit`` taken, nothing more is
+    taken, but the rest is still read (and kept), so that the order survives."""
 
     selected: Callable[[str], bool]
     taken: Groups = field(default_factory=lambda: Groups(0))
@@ -136,12 +142,15 @@ class Pass:
         chosen = 0
         try:
             for index in range(self.total):
-                if (limit is not None and chosen >= limit) or self.failures:
-                    break
                 message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
                 if message is None:
                     break
-                if not self.selected(reason_of(message.headers)):
+                if (
+                    (limit is not None and chosen >= limit)
+                    or self.failures
+                    or not self.selected(reason_of(message.headers))
+                ):
+                    # read to the end all the same: returned messages go behind the ready ones
                     self.kept.add(index, message)
                     continue
                 chosen += 1

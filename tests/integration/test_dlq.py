@@ -21,6 +21,7 @@ from consumer.tools.generator import Generator
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import settled_count
 from tests.faults.conftest import REPO, settings_env
+from tests.integration.dlq_support import dlq_contents
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -279,29 +280,6 @@ async def test_missing_dlq_is_an_error(make_settings) -> None:
     settings = make_settings(rabbitmq_queue="brtest.no-such-queue")
     assert await inspect_dlq(settings, out=io.StringIO()) == 1
     assert await replay_dlq(settings, out=io.StringIO()) == 1
-
-
-async def dlq_contents(broker: Broker, queue: str) -> list[tuple[bytes, str | None, str]]:
-    """Body, message id and reason of every message in the DLQ, in order; left in place. Each
-    is nacked back in the order read, one at a time, waiting until the queue shows it back: a
-    quorum queue returns a closed channel's unacked messages, or a burst of nacks, in an order
-    of its own."""
-    connection = await aio_pika.connect(broker.url)
-    channel = await connection.channel()
-    q = await channel.declare_queue(queue, passive=True)
-    got = []
-    while (message := await q.get(no_ack=False, fail=False)) is not None:
-        got.append(message)
-    for n, message in enumerate(got, start=1):
-        await message.nack(requeue=True)
-        await wait_for(lambda n=n: ready(channel, queue, n), interval=0.002)
-    await connection.close()
-    return [(m.body, m.message_id, dlq_module.reason_of(m.headers)) for m in got]
-
-
-async def ready(channel: aio_pika.abc.AbstractChannel, queue: str, at_least: int) -> bool:
-    declared = await channel.declare_queue(queue, passive=True)
-    return int(declared.declaration_result.message_count or 0) >= at_least
 
 
 async def test_inspect_leaves_the_dlq_in_its_order(make_settings, broker: Broker) -> None:

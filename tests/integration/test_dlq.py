@@ -102,6 +102,7 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
     make_settings, broker: Broker
 ) -> None:
     settings = make_settings()
+    dlq = settings.dead_letter_queue
     # released twice during an outage (republished with a retry count), then refused for good
     released = {**ours("database refused the row: 23505"), "x-bulk-recorder-retries": 2}
     await dead_letter(broker, b'{"a": 1}', "transaction", released)
@@ -109,6 +110,8 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
         broker, b'{"b": 2}', "credit_annotation", {**BROKER_DEATH, REPLAY_HEADER: 2, "k": "v"}
     )
     await dead_letter(broker, b'{"c": 3}', None, ours("missing type property", None))
+    ids = {body: message_id for body, message_id, _ in await dlq_contents(broker, dlq)}
+    assert all(ids.values())  # aio-pika gives every message an id
 
     out = io.StringIO()
     assert await replay_dlq(settings, out=out) == 0
@@ -125,6 +128,7 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
     assert a.headers["app-header"] == "kept"
     assert b.headers["k"] == "v"
     for message in (a, b, c):
+        assert message.message_id == ids[message.body]  # the same message: its id kept
         assert ERROR_HEADER not in message.headers
         assert "x-death" not in message.headers
         assert not any(k.startswith("x-first-death") for k in message.headers)

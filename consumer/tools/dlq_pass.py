@@ -31,7 +31,7 @@ REPLAY_WINDOW = 200  # publishes awaiting their confirm at once
 # basic.get without aio-pika's default 5 s timeout: on Python 3.11 that timeout goes through
 # asyncio.wait_for, which can swallow a cancellation (Ctrl-C) that arrives as the reply lands.
 GET_TIMEOUT = None
-GIVE_BACK_CHUNK = 8  # nacks sent before waiting for the queue to show them back
+GIVE_BACK_CHUNK = 16  # messages a nack gives back; under the 32 a quorum queue keeps in order
 GIVE_BACK_WAIT_S = 5.0
 
 
@@ -63,10 +63,12 @@ class Kept:
     """Messages read without ack that stay in the DLQ: nacked back (requeue) in the order they
     were read, so the DLQ keeps its order. Only tags are kept, not bodies.
 
-    Paced: ``GIVE_BACK_CHUNK`` nacks, then a wait (passive declares, at most
-    ``GIVE_BACK_WAIT_S``) until the queue's ready count shows them back. A quorum queue's
-    channel holds back returns once too many are unapplied and later sends the held ones in an
-    order of its own: 200 nacks sent at once came back with the last ones first.
+    By the time they are given back every other message read on the channel is settled, so the
+    unacked tags up to a kept one are exactly the kept ones: one ``basic.nack(multiple)`` per
+    ``GIVE_BACK_CHUNK`` of them, then a wait (passive declares, at most ``GIVE_BACK_WAIT_S``)
+    until the queue's ready count shows them back. Unpaced, a quorum queue's channel holds
+    returns back once too many are unapplied and later sends them in an order of its own (200
+    nacks sent at once came back with the last ones first).
 
     A returned message goes behind the messages ready at that moment, so every pass reads the
     whole DLQ (as it was when the pass started) before giving back: the kept messages are then
@@ -95,8 +97,7 @@ class Kept:
             for start in range(0, len(tags), GIVE_BACK_CHUNK):
                 chunk = tags[start : start + GIVE_BACK_CHUNK]
                 before = await self._ready(channel)
-                for tag in chunk:
-                    await channel.basic_nack(tag, requeue=True)
+                await channel.basic_nack(chunk[-1], multiple=True, requeue=True)
                 deadline = loop.time() + GIVE_BACK_WAIT_S
                 while await self._ready(channel) < before + len(chunk):
                     if loop.time() > deadline:  # someone else consumes the DLQ: go on

@@ -161,17 +161,25 @@ async def inspect_dlq(
 
 
 async def _plan(
-    settings: Settings, action: str, reason: str | None, samples: int, out: TextIO
+    settings: Settings,
+    action: str,
+    reason: str | None,
+    samples: int,
+    out: TextIO,
+    limit: int | None = None,
 ) -> int | None:
-    """Show what ``action`` would take: how many messages, of which groups. None: unreachable."""
+    """Show what ``action`` would take: how many messages (at most ``limit``), of which
+    groups. None: the broker or the DLQ could not be reached."""
     groups = await _survey(settings, _every if reason is None else _of_group(reason), samples)
     if groups is None:
         return None
     which = "every reason" if reason is None else f"reason {reason_group(reason)!r}"
-    print(f"would {action} {groups.total} messages of {which}", file=out)
+    count = groups.total if limit is None else min(limit, groups.total)
+    first = "" if count == groups.total else f" (the first {count} of {groups.total})"
+    print(f"would {action} {count} messages of {which}{first}", file=out)
     if groups.total:
         print("\n".join(groups.lines(settings.dead_letter_queue)[1:]), file=out)
-    return groups.total
+    return count
 
 
 def _replay_to(settings: Settings) -> Callable[[aio_pika.abc.AbstractConnection], Awaitable[Take]]:
@@ -233,7 +241,7 @@ async def replay_dlq(
     dry run stops there. Returns the exit code (1 if a publish was refused)."""
     out = out or sys.stdout
     if reason is not None or dry_run:
-        planned = await _plan(settings, "replay", reason, samples, out)
+        planned = await _plan(settings, "replay", reason, samples, out, limit)
         if planned is None:
             return 1
         if dry_run:

@@ -239,6 +239,9 @@ async def test_cli_dlq_by_reason(make_settings, broker: Broker) -> None:
     dry = await asyncio.to_thread(cli, "replay", "--reason", "invalid JSON", "--dry-run")
     assert dry.returncode == 0, dry
     assert "would replay 2 messages" in dry.stdout
+    limited = await asyncio.to_thread(cli, "replay", "--dry-run", "--limit", "1")
+    assert limited.returncode == 0, limited
+    assert "would replay 1 messages of every reason (the first 1 of 3)" in limited.stdout
     declined = await asyncio.to_thread(cli, "discard", "--reason", "invalid JSON", stdin="n\n")
     assert declined.returncode == 1, declined
     assert "nothing discarded" in declined.stdout

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-tools lock lint test test-image test-compose test-unit mutants demo demo-api run bench soak clean
+.PHONY: install system-tools node-clients lock lint test test-image test-compose test-unit mutants demo demo-api run bench soak clean
 
 install: $(STAMP)
 
@@ -28,6 +28,13 @@ system-tools:
 	@bash tests/system_tools.sh 'make test' prometheus=promtool prometheus=prometheus \
 	  docker-compose=docker-compose chromium=chromium
 
+# The Node publisher of tests/integration/test_other_clients.py (amqplib from the npm registry),
+# installed exactly as tests/clients/node/package-lock.json pins it.
+NODE_CLIENT := tests/clients/node
+node-clients: $(NODE_CLIENT)/node_modules/.package-lock.json
+$(NODE_CLIENT)/node_modules/.package-lock.json: $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	npm ci --prefix $(NODE_CLIENT) --no-audit --no-fund --loglevel=error
+
 # After a change to pyproject.toml's dependencies: resolve again, with hashes (uv does it fast).
 LOCK_ARGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu --no-header -q
 LOCK_HEADER := \# Exact versions with hashes: make install and the Dockerfile install from these. Regenerate with make lock.
@@ -44,7 +51,7 @@ lint: $(STAMP)
 
 # Unit, integration (real RabbitMQ + PostgreSQL) and fault suites; then two fast mutants (a
 # different pair each day) that the tests named for their promise must still kill.
-test: system-tools lint
+test: system-tools node-clients lint
 	$(BIN)/pytest -q -p no:cacheprovider
 	$(BIN)/python -m tests.mutants.run --subset 2
 

@@ -37,7 +37,7 @@ from bulk_recorder.infra.supervisor import Supervisor
 from bulk_recorder.recorder.collector import BulkCollector
 from bulk_recorder.recorder.flusher import Flusher, Pending, count_dead_letter
 from bulk_recorder.recorder.writer import PgWriter, rows_per_insert
-from bulk_recorder.records import RecordError, decode
+from bulk_recorder.records import RecordError, check_content_encoding, decode
 from consumer.consuming import Consuming
 from consumer.copy_publisher import CopyPublisher
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each, dead_letter_class
@@ -249,10 +249,13 @@ class Recorder:
         metrics.messages_received.inc()
         metrics.buffer_messages.inc()
         delivery = AmqpDelivery(message.channel, message, self._dead_letterer)
+        properties = message.header.properties
         try:
+            if properties.content_encoding:  # a body we would have to decode first: refused
+                check_content_encoding(properties.content_encoding)
             record = decode(
                 message.body,
-                message.header.properties.message_type,
+                properties.message_type,
                 max_bytes=self.settings.bulk_recorder_max_message_bytes,
             )
         except RecordError as exc:

@@ -113,12 +113,32 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(run_demo(settings, count=args.count, via=args.via))
 
 
+def _confirmed(question: str) -> bool:
+    """Ask on the terminal; anything but y/yes (or no answer at all) is a no."""
+    try:
+        answer = input(question)
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
 def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
-    from consumer.tools.dlq import inspect_dlq, replay_dlq
+    from consumer.tools.dlq import discard_dlq, inspect_dlq, replay_dlq
 
     if args.dlq_command == "inspect":
-        return run_async(inspect_dlq(settings, samples=args.samples))
-    return run_async(replay_dlq(settings, limit=args.limit))
+        return run_async(inspect_dlq(settings, samples=args.samples, as_json=args.json))
+    if args.dlq_command == "discard":
+        confirm = (lambda question: True) if args.yes else _confirmed
+        return run_async(discard_dlq(settings, args.reason, confirm, samples=args.samples))
+    return run_async(
+        replay_dlq(
+            settings,
+            limit=args.limit,
+            reason=args.reason,
+            dry_run=args.dry_run,
+            samples=args.samples,
+        )
+    )
 
 
 def cmd_healthcheck(args: argparse.Namespace) -> int:
@@ -132,6 +152,23 @@ def cmd_healthcheck(args: argparse.Namespace) -> int:
     code, line = healthcheck.check(settings, pid=args.pid, timeout_s=args.timeout)
     print(line)
     return code
+
+
+def _add_dlq_parser(sub: Any) -> None:
+    dlq = sub.add_parser("dlq", help="inspect, replay or discard dead letters, by reason")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    ins = dlq_sub.add_parser("inspect", help="counts by reason and sample bodies")
+    ins.add_argument("--samples", type=int, default=3)
+    ins.add_argument("--json", action="store_true", help="the same as one JSON document")
+    rep = dlq_sub.add_parser("replay", help="move messages back to the main exchange")
+    rep.add_argument("--limit", type=_positive_int, default=None)
+    rep.add_argument("--reason", default=None, help="only this reason group (as inspect prints)")
+    rep.add_argument("--dry-run", action="store_true", help="show what would move; move nothing")
+    rep.add_argument("--samples", type=int, default=3)
+    dis = dlq_sub.add_parser("discard", help="remove the messages of one reason for good")
+    dis.add_argument("--reason", required=True, help="the reason group (as inspect prints)")
+    dis.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    dis.add_argument("--samples", type=int, default=3)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,12 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--count", type=_positive_int, default=300_000)
     demo.add_argument("--via", choices=("queue", "api"), default="queue")
 
-    dlq = sub.add_parser("dlq", help="inspect or replay the dead-letter queue")
-    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
-    ins = dlq_sub.add_parser("inspect", help="counts by reason and sample bodies")
-    ins.add_argument("--samples", type=int, default=3)
-    rep = dlq_sub.add_parser("replay", help="move messages back to the main exchange")
-    rep.add_argument("--limit", type=_positive_int, default=None)
+    _add_dlq_parser(sub)
 
     sub.add_parser("api", help="serve the ingest API on API_HOST:API_PORT until SIGTERM")
     relay = sub.add_parser("relay", help="publish outbox rows with confirms until SIGTERM")

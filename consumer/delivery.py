@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
@@ -58,6 +59,9 @@ ERROR_HEADER = "x-bulk-recorder-error"
 ORIGINAL_EXCHANGE_HEADER = "x-bulk-recorder-original-exchange"
 ORIGINAL_ROUTING_KEY_HEADER = "x-bulk-recorder-original-routing-key"
 RETRIES_HEADER = "x-bulk-recorder-retries"
+# when the recorder dead-lettered the message (UTC, ISO 8601 with milliseconds): `dlq inspect`
+# groups by it (first and last seen)
+DEAD_LETTERED_AT_HEADER = "x-bulk-recorder-dead-lettered-at"
 # set by the broker on each redelivery; a republished copy starts afresh
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 
@@ -146,6 +150,7 @@ class DeadLetterer:
         """Publish the DLQ copy; None once routed and confirmed, else why not."""
         headers = _origin(message)
         headers[ERROR_HEADER] = reason[:500]
+        headers[DEAD_LETTERED_AT_HEADER] = _now()
         routing_key = _text(headers[ORIGINAL_ROUTING_KEY_HEADER]) or "unknown"
         return await self._publisher.publish(
             message.body,
@@ -177,6 +182,10 @@ def _origin(message: DeliveredMessage) -> dict[str, Any]:
     headers.setdefault(ORIGINAL_EXCHANGE_HEADER, message.exchange or "")
     headers.setdefault(ORIGINAL_ROUTING_KEY_HEADER, message.routing_key or "")
     return headers
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _text(value: Any) -> str:

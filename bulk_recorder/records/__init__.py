@@ -16,7 +16,7 @@ from bulk_recorder.records.contract import (
     RecordError,
     Transaction,
 )
-from bulk_recorder.records.validation import decode
+from bulk_recorder.records.validation import check_content_encoding, decode
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -28,5 +28,6 @@ __all__ = [
     "Record",
     "RecordError",
     "Transaction",
+    "check_content_encoding",
     "decode",
 ]

@@ -35,7 +35,7 @@ from bulk_recorder.records.contract import (
 )
 from bulk_recorder.records.schema import BODY_DECODERS, CreditAnnotationIn, TransactionIn
 
-__all__ = ["decode"]
+__all__ = ["check_content_encoding", "decode"]
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +243,22 @@ def _decode(body: bytes, record_type: str, max_bytes: int) -> Record:
     # Raises the first failure in field order, or gives the body canonically re-encoded.
     body = explain.canonical_body(body, record_type)
     return build(decoder.decode(body))
+
+
+# content_encoding values under which the body is what the contract says, UTF-8 JSON
+PLAIN_ENCODINGS: Final = frozenset({"identity", "utf-8", "utf8"})
+
+
+def check_content_encoding(encoding: str | None) -> None:
+    """Raise :class:`RecordError` unless the AMQP ``content_encoding`` leaves the body as the
+    contract's UTF-8 JSON: absent, empty, ``identity`` or ``utf-8`` (any case). Anything else
+    (gzip, deflate, latin-1) is refused by name, whatever the body: nothing is decompressed or
+    transcoded, and a body labelled gzip but sent plain is a publisher's bug, not a record."""
+    if encoding and encoding.lower() not in PLAIN_ENCODINGS:
+        raise RecordError(
+            f"body: content_encoding {encoding[:40]!r} is not supported "
+            "(send uncompressed UTF-8 JSON: identity or utf-8)"
+        )
 
 
 def decode(

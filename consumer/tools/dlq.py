@@ -1,44 +1,56 @@
-"""``bulk-recorder dlq inspect`` and ``bulk-recorder dlq replay``: the dead-letter queue, by hand.
+"""``bulk-recorder dlq inspect|replay|discard``: the dead-letter queue, by hand, by reason.
 
 inspect
-    Reads every message of ``<RABBITMQ_QUEUE>.dlq`` with basic.get and acks none: they stay
-    unacked until the channel closes, then go back to the queue. Prints counts by reason (our
-    ``x-bulk-recorder-error`` header, or the broker's ``x-death`` reason for messages the broker
-    dead-lettered itself) and a few sample bodies a reason. Interrupting it changes nothing.
+    Reads every message of ``<RABBITMQ_QUEUE>.dlq`` with basic.get and acks none. Prints counts
+    by reason group, first and last seen (see :mod:`consumer.tools.dlq_groups`) and a few
+    samples (``--json``: the same as one JSON document). Every message is nacked back
+    (requeue) in the order read: a quorum queue returns a closed channel's unacked messages in
+    an order of its own, so closing the channel would reorder the DLQ. Interrupting it removes
+    nothing.
 
-replay
+replay [--reason R] [--limit N] [--dry-run]
     Moves messages back to ``RABBITMQ_EXCHANGE`` with routing key = their ``type`` property,
-    after a fix (a schema change, a deleted conflicting row, a corrected producer). Each message
-    is published with a broker confirm BEFORE it is acked from the DLQ, so an interruption can
-    at worst publish a message twice (the recorder's idempotent insert absorbs it) and never
-    loses one. Our error headers and the broker's death headers are dropped; the
-    ``x-bulk-recorder-replays`` header counts how many times a message was replayed.
+    after a fix (a schema change, a deleted conflicting row, a corrected producer). Body,
+    ``message_id`` and every other property are kept, so the recorder's insert (ON CONFLICT on
+    the record's id) absorbs a message replayed twice. Each is published with a broker confirm
+    BEFORE it is acked from the DLQ: an interruption between the two leaves it in both places
+    (the recorder records it once), never in neither. Our error headers and the broker's death
+    headers are dropped; ``x-bulk-recorder-replays`` counts the replays. With ``--reason`` (or
+    ``--dry-run``) it first shows what it would move, from a pass that moves nothing; then
+    (without ``--dry-run``) a second pass moves the messages of that group only. The others are
+    read without ack and nacked back in the order read, so they keep their order; if the
+    command is killed, the broker returns them itself (none lost, their order may change).
 
-Both read at most the number of messages the DLQ held when they started, so a message the
+discard --reason R [--yes]
+    Shows what it would remove, asks (unless ``--yes``), then acks at most that many messages
+    of the group: the only command that removes a message for good. The others stay, as above.
+
+Every pass reads at most the number of messages the DLQ held when it started, so a message the
 running recorder dead-letters again during a replay is not replayed in a loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-import re
 import sys
-from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 import aio_pika
-import aiormq
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractIncomingMessage
 
-from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
-from bulk_recorder.infra.errors import BROKER_ERRORS
 from consumer.delivery import (
+    DEAD_LETTERED_AT_HEADER,
     ERROR_HEADER,
     ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_ROUTING_KEY_HEADER,
     RETRIES_HEADER,
 )
+from consumer.tools.dlq_groups import Groups, reason_group, sample
+from consumer.tools.dlq_groups import reason_of as reason_of
+from consumer.tools.dlq_pass import GET_TIMEOUT, Kept, Pass, Take, connect, open_dlq
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
@@ -49,6 +61,7 @@ REPLAY_HEADER = "x-bulk-recorder-replays"
 DEATH_HEADERS = frozenset(
     {
         ERROR_HEADER,
+        DEAD_LETTERED_AT_HEADER,
         ORIGINAL_EXCHANGE_HEADER,
         ORIGINAL_ROUTING_KEY_HEADER,
         RETRIES_HEADER,  # releases during an outage: a replayed message starts afresh
@@ -62,38 +75,12 @@ DEATH_HEADERS = frozenset(
         "x-last-death-reason",
     }
 )
-SAMPLE_BYTES = 300
-REPLAY_WINDOW = 200  # publishes awaiting their confirm at once
-# basic.get without aio-pika's default 5 s timeout: on Python 3.11 that timeout goes through
-# asyncio.wait_for, which can swallow a cancellation (Ctrl-C) that arrives as the reply lands.
-GET_TIMEOUT = None
 
 
 def _text(value: Any) -> str | None:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return value if isinstance(value, str) else None
-
-
-def reason_of(headers: dict[str, Any] | None) -> str:
-    """Why a message is in the DLQ: our header, else the broker's x-death reason."""
-    headers = headers or {}
-    ours = _text(headers.get(ERROR_HEADER))
-    if ours is not None:
-        return ours
-    deaths = headers.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        death = deaths[0]
-        cause = _text(death.get("reason")) or "unknown"
-        queue = _text(death.get("queue")) or "?"
-        return f"broker: {cause} (from {queue})"
-    return "unknown (no reason header)"
-
-
-def reason_group(reason: str) -> str:
-    """A reason with its numbers blanked, so that 'debits 1.00 != credits 2.00' and
-    'debits 3.10 != credits 0.01' count as one line."""
-    return re.sub(r"[0-9]+", "#", reason)
 
 
 def replayed_message(message: AbstractIncomingMessage) -> tuple[aio_pika.Message, str]:
@@ -118,99 +105,122 @@ def replayed_message(message: AbstractIncomingMessage) -> tuple[aio_pika.Message
     return out, routing_key
 
 
-def _sample(body: bytes) -> str:
-    text = body[:SAMPLE_BYTES].decode("utf-8", errors="replace")
-    shown = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
-    return shown + (f" ... ({len(body)} bytes)" if len(body) > SAMPLE_BYTES else "")
+def _sample_line(message: AbstractIncomingMessage, reason: str) -> str:
+    return f"[{reason}] type={message.type} body: {sample(message.body)}"
 
 
-async def _open_dlq(
-    settings: Settings, connection: aio_pika.abc.AbstractConnection
-) -> AbstractQueue | None:
-    channel = await connection.channel()
-    try:
-        return await channel.declare_queue(settings.dead_letter_queue, passive=True)
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        print(
-            f"bulk-recorder dlq: queue {settings.dead_letter_queue} does not exist",
-            file=sys.stderr,
-        )
-        return None
-
-
-async def _connect(settings: Settings) -> aio_pika.abc.AbstractConnection | None:
-    try:
-        return await BrokerNodes.from_setting(settings.rabbitmq_url).connect()
-    except BROKER_ERRORS as exc:
-        where = ", ".join(endpoint(url) for url in split_urls(settings.rabbitmq_url))
-        print(f"bulk-recorder dlq: cannot reach RabbitMQ at {where}: {exc}", file=sys.stderr)
-        return None
-
-
-async def inspect_dlq(settings: Settings, samples: int = 3, out: TextIO | None = None) -> int:
-    """Print counts by reason and sample bodies; remove nothing. Returns the exit code."""
-    out = out or sys.stdout
-    connection = await _connect(settings)
+async def _survey(settings: Settings, wanted: Callable[[str], bool], samples: int) -> Groups | None:
+    """One pass that moves nothing: the groups of the messages whose reason is ``wanted``."""
+    connection = await connect(settings)
     if connection is None:
-        return 1
+        return None
+    groups = Groups(samples)
     async with connection:
-        queue = await _open_dlq(settings, connection)
+        queue = await open_dlq(settings, connection)
         if queue is None:
-            return 1
+            return None
         total = int(queue.declaration_result.message_count or 0)
-        counts: Counter[str] = Counter()
-        examples: dict[str, list[str]] = {}
-        seen = 0
-        # Nothing is acked: every message goes back to the queue when the channel closes.
-        while seen < total:
-            message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
-            if message is None:
-                break
-            seen += 1
-            reason = reason_of(message.headers)
-            group = reason_group(reason)
-            counts[group] += 1
-            kept = examples.setdefault(group, [])
-            if len(kept) < samples:
-                kept.append(f"[{reason}] type={message.type} body: {_sample(message.body)}")
-    print(f"dead-letter queue {settings.dead_letter_queue}: {seen} messages", file=out)
-    if counts:
-        print(f"{'count':>8}  reason", file=out)
-        for group, count in counts.most_common():
-            print(f"{count:>8}  {group}", file=out)
-    if samples and examples:
-        print("samples:", file=out)
-        for group, _ in counts.most_common():
-            for line in examples[group]:
-                print(f"  {line}", file=out)
+        kept = Kept(queue.name)
+        try:
+            for index in range(total):
+                message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
+                if message is None:
+                    break
+                kept.add(index, message)
+                reason = reason_of(message.headers)
+                if wanted(reason):
+                    shown = _sample_line(message, reason) if groups.wants_sample(reason) else None
+                    groups.add(message.headers, message.timestamp, reason, shown)
+        finally:
+            await kept.give_back()
+    return groups
+
+
+def _every(reason: str) -> bool:
+    return True
+
+
+def _of_group(group: str) -> Callable[[str], bool]:
+    wanted = reason_group(group)
+    return lambda reason: reason_group(reason) == wanted
+
+
+async def inspect_dlq(
+    settings: Settings, samples: int = 3, out: TextIO | None = None, as_json: bool = False
+) -> int:
+    """Print counts by reason group, first/last seen and samples; remove nothing."""
+    out = out or sys.stdout
+    groups = await _survey(settings, _every, samples)
+    if groups is None:
+        return 1
+    if as_json:
+        print(json.dumps(groups.as_json(settings.dead_letter_queue), indent=2), file=out)
+    else:
+        print("\n".join(groups.lines(settings.dead_letter_queue)), file=out)
     return 0
 
 
-async def _replay_exchange(
-    settings: Settings, connection: aio_pika.abc.AbstractConnection
-) -> aio_pika.abc.AbstractExchange:
-    """The main exchange on a confirm channel whose returns raise, the topology declared."""
-    target = await connection.channel(publisher_confirms=True, on_return_raises=True)
-    await declare_topology(target, Topology.from_settings(settings))
-    return await target.get_exchange(settings.rabbitmq_exchange)
+async def _plan(
+    settings: Settings,
+    action: str,
+    reason: str | None,
+    samples: int,
+    out: TextIO,
+    limit: int | None = None,
+) -> int | None:
+    """Show what ``action`` would take: how many messages (at most ``limit``), of which
+    groups. None: the broker or the DLQ could not be reached."""
+    groups = await _survey(settings, _every if reason is None else _of_group(reason), samples)
+    if groups is None:
+        return None
+    which = "every reason" if reason is None else f"reason {reason_group(reason)!r}"
+    count = groups.total if limit is None else min(limit, groups.total)
+    first = "" if count == groups.total else f" (the first {count} of {groups.total})"
+    print(f"would {action} {count} messages of {which}{first}", file=out)
+    if groups.total:
+        print("\n".join(groups.lines(settings.dead_letter_queue)[1:]), file=out)
+    return count
 
 
-def _replay_report(
-    settings: Settings, moved: Counter[str], failures: list[str], total: int, out: TextIO
-) -> int:
-    """Print what was replayed, by reason group; the exit code (1 if a publish was refused)."""
-    count = sum(moved.values())
+def _replay_to(settings: Settings) -> Callable[[aio_pika.abc.AbstractConnection], Awaitable[Take]]:
+    async def make(connection: aio_pika.abc.AbstractConnection) -> Take:
+        # the main exchange on a confirm channel whose returns raise, the topology declared
+        target = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await declare_topology(target, Topology.from_settings(settings))
+        exchange = await target.get_exchange(settings.rabbitmq_exchange)
+
+        async def move(message: AbstractIncomingMessage) -> None:
+            body, routing_key = replayed_message(message)
+            # mandatory: a message no queue would take is refused, not silently dropped;
+            # confirmed BEFORE the original is acked
+            await exchange.publish(body, routing_key=routing_key, mandatory=True)
+            await message.ack()
+
+        return move
+
+    return make
+
+
+async def _discard(connection: aio_pika.abc.AbstractConnection) -> Take:
+    async def remove(message: AbstractIncomingMessage) -> None:
+        await message.ack()
+
+    return remove
+
+
+def _report(settings: Settings, done: Pass, verb: str, target: str, out: TextIO) -> int:
+    """Print what was taken, by reason group; the exit code (1 if one could not be)."""
     print(
-        f"replayed {count} of {total} messages from {settings.dead_letter_queue} "
-        f"to exchange {settings.rabbitmq_exchange}",
+        f"{verb} {done.taken.total} of {done.total} messages from {settings.dead_letter_queue}"
+        f"{target}",
         file=out,
     )
-    for group, n in moved.most_common():
-        print(f"{n:>8}  {group}", file=out)
-    if failures:
+    for group in done.taken.ordered():
+        print(f"{group.count:>8}  {group.reason}", file=out)
+    if done.failures:
         print(
-            f"bulk-recorder dlq: {len(failures)} publishes refused, those messages stay in the "
-            f"dead-letter queue; first: {failures[0]}",
+            f"bulk-recorder dlq: {len(done.failures)} messages could not be {verb}, they stay "
+            f"in the dead-letter queue; first: {done.failures[0]}",
             file=sys.stderr,
         )
         return 1
@@ -218,63 +228,52 @@ def _replay_report(
 
 
 async def replay_dlq(
-    settings: Settings, limit: int | None = None, out: TextIO | None = None
+    settings: Settings,
+    limit: int | None = None,
+    out: TextIO | None = None,
+    *,
+    reason: str | None = None,
+    dry_run: bool = False,
+    samples: int = 3,
 ) -> int:
-    """Move up to ``limit`` messages (all by default) back to the main exchange.
-
-    Publish with confirm first, ack from the DLQ second: interrupting may duplicate a message,
-    never lose one. Returns the exit code (1 if a publish was refused).
-    """
+    """Move up to ``limit`` messages (all by default; with ``reason``, of that group only)
+    back to the main exchange. With ``reason`` or ``dry_run``, first show what would move; a
+    dry run stops there. Returns the exit code (1 if a publish was refused)."""
     out = out or sys.stdout
-    connection = await _connect(settings)
-    if connection is None:
-        return 1
-    moved: Counter[str] = Counter()
-    failures: list[str] = []
-    async with connection:
-        queue = await _open_dlq(settings, connection)
-        if queue is None:
+    if reason is not None or dry_run:
+        planned = await _plan(settings, "replay", reason, samples, out, limit)
+        if planned is None:
             return 1
-        exchange = await _replay_exchange(settings, connection)
-        total = int(queue.declaration_result.message_count or 0)
-        todo = total if limit is None else min(limit, total)
-        window = asyncio.Semaphore(REPLAY_WINDOW)
-        tasks: set[asyncio.Task[None]] = set()
+        if dry_run:
+            print("dry run: nothing moved", file=out)
+            return 0
+    done = Pass(_every if reason is None else _of_group(reason))
+    if not await done.over(settings, _replay_to(settings), limit):
+        return 1
+    return _report(settings, done, "replayed", f" to exchange {settings.rabbitmq_exchange}", out)
 
-        async def move(message: AbstractIncomingMessage) -> None:
-            try:
-                body, routing_key = replayed_message(message)
-                # mandatory: a message no queue would take is refused, not silently dropped
-                await exchange.publish(body, routing_key=routing_key, mandatory=True)
-            except Exception as exc:  # stays in the DLQ: not acked, back on channel close
-                failures.append(f"{type(exc).__name__}: {exc}")
-                return
-            finally:
-                window.release()
-            try:
-                await message.ack()
-            except BROKER_ERRORS as exc:  # published, not acked: it will be replayed again
-                failures.append(f"ack failed after publish: {exc}")
-                return
-            moved[reason_group(reason_of(message.headers))] += 1
 
-        try:
-            for _ in range(todo):
-                await window.acquire()
-                if failures:
-                    window.release()
-                    break
-                message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
-                if message is None:
-                    window.release()
-                    break
-                task = asyncio.create_task(move(message))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:  # interrupted: unacked messages return to the DLQ on close
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-    return _replay_report(settings, moved, failures, total, out)
+async def discard_dlq(
+    settings: Settings,
+    reason: str,
+    confirm: Callable[[str], bool],
+    out: TextIO | None = None,
+    *,
+    samples: int = 3,
+) -> int:
+    """Remove the messages of one reason group for good, after ``confirm`` (asked with the
+    count shown): at most that many, so a message dead-lettered since is not removed unseen."""
+    out = out or sys.stdout
+    planned = await _plan(settings, "discard", reason, samples, out)
+    if planned is None:
+        return 1
+    if not planned:
+        return 0
+    question = f"discard these {planned} messages for good? [y/N] "
+    if not await asyncio.to_thread(confirm, question):
+        print("nothing discarded", file=out)
+        return 1
+    done = Pass(_of_group(reason))
+    if not await done.over(settings, _discard, planned):
+        return 1
+    return _report(settings, done, "discarded", "", out)

@@ -21,6 +21,7 @@ from consumer.tools.generator import Generator
 from tests.conftest import Broker, wait_for
 from tests.faults.audit import settled_count
 from tests.faults.conftest import REPO, settings_env
+from tests.integration.dlq_support import dlq_contents
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -101,6 +102,7 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
     make_settings, broker: Broker
 ) -> None:
     settings = make_settings()
+    dlq = settings.dead_letter_queue
     # released twice during an outage (republished with a retry count), then refused for good
     released = {**ours("database refused the row: 23505"), "x-bulk-recorder-retries": 2}
     await dead_letter(broker, b'{"a": 1}', "transaction", released)
@@ -108,6 +110,8 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
         broker, b'{"b": 2}', "credit_annotation", {**BROKER_DEATH, REPLAY_HEADER: 2, "k": "v"}
     )
     await dead_letter(broker, b'{"c": 3}', None, ours("missing type property", None))
+    ids = {body: message_id for body, message_id, _ in await dlq_contents(broker, dlq)}
+    assert all(ids.values())  # aio-pika gives every message an id
 
     out = io.StringIO()
     assert await replay_dlq(settings, out=out) == 0
@@ -124,6 +128,7 @@ async def test_replay_moves_back_with_routing_key_type_and_clean_headers(
     assert a.headers["app-header"] == "kept"
     assert b.headers["k"] == "v"
     for message in (a, b, c):
+        assert message.message_id == ids[message.body]  # the same message: its id kept
         assert ERROR_HEADER not in message.headers
         assert "x-death" not in message.headers
         assert not any(k.startswith("x-first-death") for k in message.headers)
@@ -279,3 +284,13 @@ async def test_missing_dlq_is_an_error(make_settings) -> None:
     settings = make_settings(rabbitmq_queue="brtest.no-such-queue")
     assert await inspect_dlq(settings, out=io.StringIO()) == 1
     assert await replay_dlq(settings, out=io.StringIO()) == 1
+
+
+async def test_inspect_leaves_the_dlq_in_its_order(make_settings, broker: Broker) -> None:
+    settings = make_settings()
+    for n in range(120):
+        await dead_letter(broker, b"%03d" % n, "transaction", ours(f"reason {n % 3}"))
+    before = await dlq_contents(broker, settings.dead_letter_queue)
+    assert [body for body, _, _ in before] == [b"%03d" % n for n in range(120)]
+    assert await inspect_dlq(settings, out=io.StringIO()) == 0
+    assert await dlq_contents(broker, settings.dead_letter_queue) == before

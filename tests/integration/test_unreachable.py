@@ -37,6 +37,8 @@ SECRET = "s3cret-pw"
         (["publish", "--count", "10"], "RabbitMQ"),
         (["dlq", "inspect"], "RabbitMQ"),
         (["dlq", "replay"], "RabbitMQ"),
+        (["dlq", "replay", "--reason", "invalid JSON", "--dry-run"], "RabbitMQ"),
+        (["dlq", "discard", "--reason", "invalid JSON", "--yes"], "RabbitMQ"),
         (["demo", "--count", "10"], "RabbitMQ"),
     ],
 )

@@ -40,6 +40,8 @@ NODE_LOSS = "Broker node loss"
 DB_FAILOVER = "Database failover"
 EXACT_AMOUNTS = "Amounts are exact"
 BAD_DATA = "Bad data never holds the batch"
+DLQ_BY_REASON = "The DLQ is worked by reason"
+OTHER_CLIENTS = "Messages from other clients"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
@@ -58,6 +60,9 @@ T_WRITER_FAULTS = (
     "test_a_fault_at_a_flushs_last_statement_leaves_nothing_and_the_retry_is_exact"
 )
 T_EXACT = "tests/integration/test_exact_amounts.py::"
+T_DLQ = "tests/integration/test_dlq.py::"
+T_BY_REASON = "tests/integration/test_dlq_by_reason.py::"
+T_CLIENTS = "tests/integration/test_other_clients.py::"
 
 SORTED_KEYS_TESTS = (
     T_BALANCES + "test_every_write_sends_its_keys_in_sorted_order",
@@ -607,5 +612,107 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/cluster/test_broker_failover.py::"
             "test_two_recorders_survive_the_loss_of_two_quorum_leaders",
         ),
+    ),
+    Mutant(
+        name="replay-by-reason-moves-every-reason",
+        path="consumer/tools/dlq.py",
+        old="    done = Pass(_every if reason is None else _of_group(reason))\n",
+        new="    done = Pass(_every)\n",
+        promise=DLQ_BY_REASON,
+        tests=(T_BY_REASON + "test_mixed_dlq_worked_by_reason",),
+    ),
+    Mutant(
+        name="discard-without-its-reason-filter",
+        path="consumer/tools/dlq.py",
+        old="    done = Pass(_of_group(reason))\n",
+        new="    done = Pass(_every)\n",
+        promise=DLQ_BY_REASON,
+        tests=(
+            T_BY_REASON + "test_mixed_dlq_worked_by_reason",
+            T_BY_REASON + "test_cli_dlq_by_reason",
+        ),
+    ),
+    Mutant(
+        name="discard-without-asking",
+        path="consumer/tools/dlq.py",
+        old="    if not await asyncio.to_thread(confirm, question):\n",
+        new="    if False:\n",
+        promise=DLQ_BY_REASON,
+        tests=(
+            T_BY_REASON + "test_mixed_dlq_worked_by_reason",
+            T_BY_REASON + "test_cli_dlq_by_reason",
+        ),
+    ),
+    Mutant(
+        name="dry-run-moves",
+        path="consumer/tools/dlq.py",
+        old='            print("dry run: nothing moved", file=out)\n            return 0\n',
+        new='            print("dry run: nothing moved", file=out)\n',
+        promise=DLQ_BY_REASON,
+        tests=(
+            T_BY_REASON + "test_mixed_dlq_worked_by_reason",
+            T_BY_REASON + "test_cli_dlq_by_reason",
+        ),
+    ),
+    Mutant(
+        name="replay-acks-before-the-confirm",
+        # the ack first: a replay interrupted between the two loses the message
+        path="consumer/tools/dlq.py",
+        old="            await exchange.publish(body, routing_key=routing_key, mandatory=True)\n"
+        "            await message.ack()\n",
+        new="            await message.ack()\n"
+        "            await exchange.publish(body, routing_key=routing_key, mandatory=True)\n",
+        promise=DLQ_BY_REASON,
+        tests=(T_DLQ + "test_interrupted_replay_may_duplicate_but_never_loses",),
+    ),
+    Mutant(
+        name="replay-drops-the-message-id",
+        path="consumer/tools/dlq.py",
+        old="        message_id=message.message_id,\n",
+        new="",
+        promise=DLQ_BY_REASON,
+        tests=(T_DLQ + "test_replay_moves_back_with_routing_key_type_and_clean_headers",),
+        fast=True,
+    ),
+    Mutant(
+        name="kept-messages-nacked-back-in-a-burst",
+        # no wait for each batch of nacks: the quorum queue's channel reorders what it holds back
+        path="consumer/tools/dlq_pass.py",
+        old="                while await self._ready(channel) < before + len(chunk):\n",
+        new="                while False:\n",
+        promise=DLQ_BY_REASON,
+        tests=(T_DLQ + "test_inspect_leaves_the_dlq_in_its_order",),
+        fast=True,
+    ),
+    Mutant(
+        name="dead-letter-time-not-stamped",
+        path="consumer/delivery.py",
+        old="        headers[DEAD_LETTERED_AT_HEADER] = _now()\n",
+        new="",
+        promise=DLQ_BY_REASON,
+        tests=(T_BY_REASON + "test_mixed_dlq_worked_by_reason",),
+    ),
+    Mutant(
+        name="content-encoding-ignored",
+        path="consumer/app.py",
+        old="            if properties.content_encoding:",
+        new="            if False:",
+        promise=OTHER_CLIENTS,
+        tests=(
+            T_CLIENTS + "test_pika_content_encoding_and_content_type",
+            T_CLIENTS + "test_node_amqplib_with_its_default_properties",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="kept-messages-nacked-back-in-one-nack",
+        # one nack(multiple) for them all: over 32 messages, a quorum queue returns them in an
+        # order of its own
+        path="consumer/tools/dlq_pass.py",
+        old="GIVE_BACK_CHUNK = 16 ",
+        new="GIVE_BACK_CHUNK = 100_000 ",
+        promise=DLQ_BY_REASON,
+        tests=(T_DLQ + "test_inspect_leaves_the_dlq_in_its_order",),
+        fast=True,
     ),
 )

@@ -1010,3 +1010,21 @@ def test_amount_accepted_only_when_exact(value: str | int) -> None:
         assert re.fullmatch(r"[0-9]{1,20}(\.[0-9]{1,18})?", str(value))
         return
     assert error_reason.startswith("amount: ")
+
+
+@pytest.mark.parametrize("encoding", [None, "", "identity", "utf-8", "UTF-8", "utf8", "Identity"])
+def test_content_encodings_of_plain_utf8_json_are_accepted(encoding: str | None) -> None:
+    records.check_content_encoding(encoding)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "latin-1", "utf-16", "x\r\n\xe9"])
+def test_other_content_encodings_are_refused_by_name(encoding: str) -> None:
+    with pytest.raises(RecordError) as info:
+        records.check_content_encoding(encoding)
+    text = info.value.reason
+    assert text.startswith("body: content_encoding ")  # counted as a decode failure
+    assert text.isascii()
+    assert text.isprintable()
+    assert "not supported" in text
+    if encoding.isalnum() or "-" in encoding:
+        assert f"{encoding!r}" in text

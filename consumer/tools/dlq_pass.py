@@ -1,0 +1,187 @@
+"""One pass over the dead-letter queue: messages read with basic.get and no ack, some taken
+(replayed, discarded), the others nacked back in the order read.
+
+A quorum queue returns a closed channel's unacked messages in an order of its own (RabbitMQ
+3.10: read 1..19, close, and they come back 10, 11, 13, ..., 1, 19, 2, ...) and puts returned
+messages behind the ready ones; nacks with requeue, paced and sent in the order read after the
+whole DLQ was read, put them back in their order. If the process is killed or interrupted, the
+broker returns them itself: none lost, their order may change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
+
+from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
+from bulk_recorder.infra.errors import BROKER_ERRORS
+from consumer.tools.dlq_groups import Groups, reason_of
+from settings import Settings
+
+log = logging.getLogger(__name__)
+
+REPLAY_WINDOW = 200  # publishes awaiting their confirm at once
+# basic.get without aio-pika's default 5 s timeout: on Python 3.11 that timeout goes through
+# asyncio.wait_for, which can swallow a cancellation (Ctrl-C) that arrives as the reply lands.
+GET_TIMEOUT = None
+GIVE_BACK_CHUNK = 16  # messages a nack gives back; under the 32 a quorum queue keeps in order
+GIVE_BACK_WAIT_S = 5.0
+
+
+async def open_dlq(
+    settings: Settings, connection: aio_pika.abc.AbstractConnection
+) -> AbstractQueue | None:
+    channel = await connection.channel()
+    try:
+        return await channel.declare_queue(settings.dead_letter_queue, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        print(
+            f"bulk-recorder dlq: queue {settings.dead_letter_queue} does not exist",
+            file=sys.stderr,
+        )
+        return None
+
+
+async def connect(settings: Settings) -> aio_pika.abc.AbstractConnection | None:
+    try:
+        return await BrokerNodes.from_setting(settings.rabbitmq_url).connect()
+    except BROKER_ERRORS as exc:
+        where = ", ".join(endpoint(url) for url in split_urls(settings.rabbitmq_url))
+        print(f"bulk-recorder dlq: cannot reach RabbitMQ at {where}: {exc}", file=sys.stderr)
+        return None
+
+
+@dataclass
+class Kept:
+    """Messages read without ack that stay in the DLQ: nacked back (requeue) in the order they
+    were read, so the DLQ keeps its order. Only tags are kept, not bodies.
+
+    By the time they are given back every other message read on the channel is settled, so the
+    unacked tags up to a kept one are exactly the kept ones: one ``basic.nack(multiple)`` per
+    ``GIVE_BACK_CHUNK`` of them, then a wait (passive declares, at most ``GIVE_BACK_WAIT_S``)
+    until the queue's ready count shows them back. Unpaced, a quorum queue's channel holds
+    returns back once too many are unapplied and later sends them in an order of its own (200
+    nacks sent at once came back with the last ones first).
+
+    A returned message goes behind the messages ready at that moment, so every pass reads the
+    whole DLQ (as it was when the pass started) before giving back: the kept messages are then
+    the whole DLQ, back in its order, behind any message dead-lettered during the pass.
+    """
+
+    queue: str = ""
+    tags: list[tuple[int, int]] = field(default_factory=list)  # (reading order, delivery tag)
+    channel: aiormq.abc.AbstractChannel | None = None
+
+    def add(self, index: int, message: AbstractIncomingMessage) -> None:
+        self.channel = message.channel
+        self.tags.append((index, message.delivery_tag or 0))
+
+    async def _ready(self, channel: aiormq.abc.AbstractChannel) -> int:
+        declared = await channel.queue_declare(self.queue, passive=True)
+        return int(declared.message_count or 0)
+
+    async def give_back(self) -> None:
+        channel, tags = self.channel, [tag for _, tag in sorted(self.tags)]
+        self.tags = []
+        if channel is None or channel.is_closed:
+            return  # the broker has returned them with the channel
+        loop = asyncio.get_running_loop()
+        try:
+            for start in range(0, len(tags), GIVE_BACK_CHUNK):
+                chunk = tags[start : start + GIVE_BACK_CHUNK]
+                before = await self._ready(channel)
+                await channel.basic_nack(chunk[-1], multiple=True, requeue=True)
+                deadline = loop.time() + GIVE_BACK_WAIT_S
+                while await self._ready(channel) < before + len(chunk):
+                    if loop.time() > deadline:  # someone else consumes the DLQ: go on
+                        log.warning("the DLQ's ready count lags the nacks; order not assured")
+                        break
+        except BROKER_ERRORS:  # the rest come back with the channel
+            log.debug("nacking back the kept messages failed", exc_info=True)
+
+
+Take = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+
+@dataclass
+class Pass:
+    """One pass that takes messages: the selected ones go to ``take``, which settles them (at
+    most ``REPLAY_WINDOW`` at once); the others, and those ``take`` could not settle, are
+    nacked back in the order read. After the first failure, or ``limit`` taken, nothing more is
+    taken, but the rest is still read (and kept), so that the order survives."""
+
+    selected: Callable[[str], bool]
+    taken: Groups = field(default_factory=lambda: Groups(0))
+    failures: list[str] = field(default_factory=list)
+    kept: Kept = field(default_factory=Kept)
+    total: int = 0
+
+    async def _one(self, take: Take, index: int, message: AbstractIncomingMessage) -> None:
+        try:
+            await take(message)
+        except Exception as exc:  # stays in the DLQ: nacked back (or back on channel close)
+            self.failures.append(f"{type(exc).__name__}: {exc}")
+            self.kept.add(index, message)
+            return
+        self.taken.add(message.headers, message.timestamp, reason_of(message.headers))
+
+    async def run(self, queue: AbstractQueue, take: Take, limit: int | None) -> None:
+        window = asyncio.Semaphore(REPLAY_WINDOW)
+        tasks: set[asyncio.Task[None]] = set()
+
+        def done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            window.release()
+
+        chosen = 0
+        try:
+            for index in range(self.total):
+                message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
+                if message is None:
+                    break
+                if (
+                    (limit is not None and chosen >= limit)
+                    or self.failures
+                    or not self.selected(reason_of(message.headers))
+                ):
+                    # read to the end all the same: returned messages go behind the ready ones
+                    self.kept.add(index, message)
+                    continue
+                chosen += 1
+                await window.acquire()
+                task = asyncio.create_task(self._one(take, index, message))
+                task.add_done_callback(done)
+                tasks.add(task)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:  # interrupted: unacked messages return to the DLQ on close
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.kept.give_back()
+
+    async def over(
+        self,
+        settings: Settings,
+        make_take: Callable[[aio_pika.abc.AbstractConnection], Awaitable[Take]],
+        limit: int | None,
+    ) -> bool:
+        """Run over the DLQ; False if the broker or the DLQ could not be reached."""
+        connection = await connect(settings)
+        if connection is None:
+            return False
+        async with connection:
+            queue = await open_dlq(settings, connection)
+            if queue is None:
+                return False
+            self.total = int(queue.declaration_result.message_count or 0)
+            self.kept.queue = queue.name
+            await self.run(queue, await make_take(connection), limit)
+        return True

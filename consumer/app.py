@@ -63,6 +63,9 @@ class Recorder:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology.from_settings(settings)
+        # the two numbers `bulk-recorder tune` weighs the measured holds and attempts against
+        self.metrics.delivery_limit.set(settings.rabbitmq_delivery_limit)
+        self.metrics.release_after.set(settings.bulk_recorder_release_after_s)
         self._tasks = Supervisor()
         self._flush_pool = FlushPool(
             self.metrics, self._tasks, settings.rabbitmq_numbers_of_workers
@@ -275,7 +278,7 @@ class Recorder:
             result = await delivery.dead_letter(reason)
         finally:
             self.metrics.buffer_messages.dec()
-        count_dead_letter(self.metrics, result, dead_letter_class(reason))
+        count_dead_letter(self.metrics, result, dead_letter_class(reason), delivery)
 
     # -- shutdown -------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from bulk_recorder.infra.histograms import SettleHistogram
+
 TABLES = ("transactions", "operations", "credit_annotations", "balances")
 FLUSH_REASONS = ("size", "timeout", "shutdown")
 # Why the API refused a request: no key, not a well-formed key, no such key, a revoked key, or a
@@ -15,6 +17,16 @@ AUTH_FAILURE_REASONS = ("missing", "malformed", "unknown", "revoked", "scope")
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# How long a delivery was held, receipt to settle: fine below a second, then up to and past
+# RabbitMQ's default consumer timeout (1,800 s), whose fractions the tune command and the alert use.
+HOLD_BUCKETS = (
+    *(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0),
+    *(600.0, 900.0, 1200.0, 1500.0, 1800.0, 2700.0, 3600.0),
+)
+HOLD_OUTCOMES = ("acked", "rejected", "dead_lettered", "released")
+# The delivery attempt (x-delivery-count + 1): one bucket per attempt up to 10, then coarser.
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 30, 50, 100)
+ATTEMPT_OUTCOMES = ("recorded", "dead_lettered")
 
 
 class Metrics:
@@ -25,6 +37,7 @@ class Metrics:
         r = self.registry
         p = "bulk_recorder_"
         self._delivery_metrics(r, p)
+        self._settle_metrics(r, p)
         self._write_metrics(r, p)
         self._queue_metrics(r, p)
         self._producer_metrics(r, p)
@@ -63,6 +76,38 @@ class Metrics:
             p + "messages_dead_lettered",
             "Messages sent to the dead-letter queue, by reason class.",
             ["reason"],
+            registry=r,
+        )
+
+    def _settle_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """What ``bulk-recorder tune`` measures: how long deliveries were held, at which
+        attempt they were recorded or dead-lettered, and the settings they are held against."""
+        self.delivery_hold = SettleHistogram(
+            p + "delivery_hold_seconds",
+            "Time a delivery was held, from its receipt to its settle, by outcome: acked "
+            "(committed), rejected (refused row, requeued), dead_lettered, released.",
+            "outcome",
+            HOLD_OUTCOMES,
+            HOLD_BUCKETS,
+            r,
+        )
+        self.delivery_attempt = SettleHistogram(
+            p + "delivery_attempt",
+            "The delivery attempt (x-delivery-count + 1) at which a record was recorded "
+            "(committed) or its message dead-lettered by the recorder.",
+            "outcome",
+            ATTEMPT_OUTCOMES,
+            ATTEMPT_BUCKETS,
+            r,
+        )
+        self.delivery_limit = Gauge(
+            p + "delivery_limit",
+            "Recorder: RABBITMQ_DELIVERY_LIMIT in force (the queue's x-delivery-limit).",
+            registry=r,
+        )
+        self.release_after = Gauge(
+            p + "release_after_seconds",
+            "Recorder: BULK_RECORDER_RELEASE_AFTER_S in force.",
             registry=r,
         )
 

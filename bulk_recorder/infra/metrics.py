@@ -94,7 +94,7 @@ class Metrics:
         self.delivery_attempt = SettleHistogram(
             p + "delivery_attempt",
             "The delivery attempt (x-delivery-count + 1) at which a record was recorded "
-            "(committed) or its message dead-lettered by the recorder.",
+            "(committed, then acked) or its message dead-lettered by the recorder.",
             "outcome",
             ATTEMPT_OUTCOMES,
             ATTEMPT_BUCKETS,

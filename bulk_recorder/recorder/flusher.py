@@ -284,10 +284,9 @@ class Flusher:
                 else:
                     dropped += 1
         metrics.messages_acked.inc(acked)
-        metrics.delivery_attempt.observe_many([d.delivery_count + 1 for d in committed], "recorded")
-        observe_settled(
-            metrics, [d for d in committed if d.alive()] if dropped else committed, "acked"
-        )
+        # a delivery whose ack was lost comes back, and is counted when it is acked then
+        acked_ones = [d for d in committed if d.alive()] if dropped else committed
+        observe_settled(metrics, acked_ones, "acked", "recorded")
         held = 0
         for p, reason in outcome.poison:
             delivery = p.delivery

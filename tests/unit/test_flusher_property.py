@@ -532,6 +532,8 @@ def test_flusher_acks_exactly_the_committed_deliveries(
     assert held("dead_lettered") == outcomes["dead_letter"]
     attempts = value("bulk_recorder_delivery_attempt_count", {"outcome": "dead_lettered"})
     assert attempts == outcomes["dead_letter"]
+    recorded = value("bulk_recorder_delivery_attempt_count", {"outcome": "recorded"})
+    assert recorded == outcomes["ack"]
     received = value("bulk_recorder_messages_received_total")
     dropped = value("bulk_recorder_messages_dropped_total")
     assert received == len(world.deliveries)

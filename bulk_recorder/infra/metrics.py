@@ -23,7 +23,7 @@ HOLD_BUCKETS = (
     *(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0),
     *(600.0, 900.0, 1200.0, 1500.0, 1800.0, 2700.0, 3600.0),
 )
-HOLD_OUTCOMES = ("acked", "rejected", "dead_lettered", "released")
+HOLD_OUTCOMES = ("acked", "rejected", "dead_lettered", "released", "dropped")
 # The delivery attempt (x-delivery-count + 1): one bucket per attempt up to 10, then coarser.
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 30, 50, 100)
 ATTEMPT_OUTCOMES = ("recorded", "dead_lettered")
@@ -85,7 +85,8 @@ class Metrics:
         self.delivery_hold = SettleHistogram(
             p + "delivery_hold_seconds",
             "Time a delivery was held, from its receipt to its settle, by outcome: acked "
-            "(committed), rejected (refused row, requeued), dead_lettered, released.",
+            "(committed), rejected (refused row, requeued), dead_lettered, released, dropped "
+            "(its channel was gone when it was settled, e.g. closed by the consumer timeout).",
             "outcome",
             HOLD_OUTCOMES,
             HOLD_BUCKETS,

@@ -92,6 +92,10 @@ async def release_all(
             observe_settled(
                 metrics, [d for d, ok in zip(chunk, done, strict=True) if ok], "released"
             )
+            if not all(done):
+                observe_settled(
+                    metrics, [d for d, ok in zip(chunk, done, strict=True) if not ok], "dropped"
+                )
     return released
 
 
@@ -118,6 +122,7 @@ def count_dead_letter(
         observe_settled(metrics, (delivery,), "released")
     else:
         metrics.messages_dropped.inc()
+        observe_settled(metrics, (delivery,), "dropped")
 
 
 @dataclass(slots=True)
@@ -287,6 +292,8 @@ class Flusher:
         # a delivery whose ack was lost comes back, and is counted when it is acked then
         acked_ones = [d for d in committed if d.alive()] if dropped else committed
         observe_settled(metrics, acked_ones, "acked", "recorded")
+        if dropped:  # its channel is gone: e.g. closed by the broker's consumer timeout
+            observe_settled(metrics, [d for d in committed if not d.alive()], "dropped")
         held = 0
         for p, reason in outcome.poison:
             delivery = p.delivery
@@ -298,6 +305,7 @@ class Flusher:
                 observe_settled(metrics, (delivery,), "rejected")
             else:
                 dropped += 1
+                observe_settled(metrics, (delivery,), "dropped")
         if released:
             count = await release_all([p.delivery for p in released], metrics)
             metrics.messages_released.inc(count)

@@ -210,6 +210,7 @@ class Recorder:
             return getattr(p.delivery, "channel", None) is channel
 
         dropped = len(self._collector.drop(dead)) + self._flush_pool.drop(dead)
+        self.metrics.held.forget_dead()
         if dropped:
             self.metrics.messages_dropped.inc(dropped)
             self.metrics.buffer_messages.dec(dropped)
@@ -252,6 +253,7 @@ class Recorder:
         metrics.messages_received.inc()
         metrics.buffer_messages.inc()
         delivery = AmqpDelivery(message.channel, message, self._dead_letterer)
+        metrics.held.add(delivery)
         try:
             record = decode(
                 message.body,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from bulk_recorder.infra.held import Held
 from bulk_recorder.infra.histograms import SettleHistogram
 
 TABLES = ("transactions", "operations", "credit_annotations", "balances")
@@ -111,6 +112,14 @@ class Metrics:
             "Recorder: BULK_RECORDER_RELEASE_AFTER_S in force.",
             registry=r,
         )
+        self.held = Held()  # the recorder adds each delivery at receipt; a settle removes it
+        self.oldest_held = Gauge(
+            p + "oldest_held_seconds",
+            "Recorder: how long the oldest delivery held now (received, not yet settled) has "
+            "been held; 0 when none is.",
+            registry=r,
+        )
+        self.oldest_held.set_function(self.held.oldest_age)
 
     def _write_metrics(self, r: CollectorRegistry, p: str) -> None:
         """The recorder's writes: rows, flushes, fallbacks, retries, buffer, pause, reconnects."""

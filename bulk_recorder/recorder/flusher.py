@@ -106,6 +106,7 @@ def observe_settled(
     also the attempt (x-delivery-count + 1) at which they were settled so."""
     now = time.monotonic()
     metrics.delivery_hold.observe_many([now - d.received for d in deliveries], outcome)
+    metrics.held.settled(deliveries)
     if attempt is not None:
         metrics.delivery_attempt.observe_many([d.delivery_count + 1 for d in deliveries], attempt)
 

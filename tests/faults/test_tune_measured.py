@@ -99,9 +99,15 @@ async def test_tune_reports_the_attempts_and_holds_a_real_recorder_went_through(
         all_received = time.monotonic()
         await wait_for(lambda: _reaches(port, "bulk_recorder_paused", 1), timeout=30)
         await asyncio.sleep(OUTAGE_S)  # the fault's length, chosen by the test
+        # held now: the oldest one's age, live, while the outage lasts
+        asked = time.monotonic()
+        oldest = await _metric(port, "bulk_recorder_oldest_held_seconds")
+        answered = time.monotonic()
+        assert asked - all_received <= oldest <= answered - published, oldest
         restored = time.monotonic()
         pg_proxy.restore()
         await wait_for(lambda: _reaches(port, acked, HELD + DURING_OUTAGE), timeout=60)
+        assert await _metric(port, "bulk_recorder_oldest_held_seconds") == 0
         outage_hold_at_most = time.monotonic() - published
         outage_hold_at_least = restored - all_received
         assert await admin.fetchval("SELECT count(*) FROM credit_annotations") == HELD

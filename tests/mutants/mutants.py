@@ -657,4 +657,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="held-never-settled",
+        path="bulk_recorder/recorder/flusher.py",
+        old="    metrics.held.settled(deliveries)\n",
+        new="",
+        promise=MEASURED,
+        tests=(
+            "tests/unit/test_settle_measures.py::"
+            "test_holds_count_from_receipt_and_attempts_are_the_delivery_count_plus_one",
+            "tests/faults/test_tune_measured.py::"
+            "test_tune_reports_the_attempts_and_holds_a_real_recorder_went_through",
+        ),
+        fast=True,
+    ),
 )

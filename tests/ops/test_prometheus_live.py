@@ -70,8 +70,9 @@ ALERT_PROBES: dict[str, list[str]] = {
         'sum by (reason) (rate(bulk_recorder_messages_dead_lettered_total{job="recorder"}[5m]))',
         'bulk_recorder_messages_dead_lettered_total{job="recorder"}',
     ],
-    # The +Inf bucket and the 1200 s one (written "1200.0" by the recorder): both must match.
+    # The live gauge; the +Inf bucket and the 1200 s one (written "1200.0"): both must match.
     "DeliveryHeldNearConsumerTimeout": [
+        'max_over_time(bulk_recorder_oldest_held_seconds{job="recorder"}[5m])',
         'increase(bulk_recorder_delivery_hold_seconds_bucket{job="recorder", le="+Inf"}[15m])',
         "increase(bulk_recorder_delivery_hold_seconds_bucket"
         '{job="recorder", le=~"1200(\\\\.0)?"}[15m])',

@@ -25,9 +25,10 @@ class FakeDelivery:
     delivery_count: int
     received: float
     settled: str = ""
+    open: bool = True
 
     def alive(self) -> bool:
-        return True
+        return self.open
 
     async def ack(self) -> bool:
         self.settled = "ack"
@@ -86,6 +87,9 @@ async def test_holds_count_from_receipt_and_attempts_are_the_delivery_count_plus
     batch = [_pending("a", 0, 7.0), _pending("b", 2, 7.0), _pending("poison-1", 0, 7.0)]
     batch.append(_pending("poison-2", LIMIT - 1, 7.0))  # its last allowed delivery
     metrics.buffer_messages.inc(len(batch))
+    for p in batch:
+        metrics.held.add(cast(FakeDelivery, p.delivery))
+    assert 7.0 <= metrics.held.oldest_age() < 60.0
     await flusher.process(batch, "size")
     await flusher.wait_held()
     settled = [cast(FakeDelivery, p.delivery).settled for p in batch]
@@ -104,3 +108,21 @@ async def test_holds_count_from_receipt_and_attempts_are_the_delivery_count_plus
     assert _bucket(metrics, attempt, "dead_lettered", "2.0") == 0
     assert _bucket(metrics, attempt, "dead_lettered", "3.0") == 1  # dead-lettered at the limit
     assert metrics.registry.get_sample_value("bulk_recorder_buffer_messages") == 0
+    assert metrics.registry.get_sample_value("bulk_recorder_oldest_held_seconds") == 0
+    assert len(metrics.held) == 0  # every settle removed its delivery
+
+
+def test_the_oldest_held_is_the_first_received_whose_channel_is_open() -> None:
+    metrics = Metrics()
+    now = time.monotonic()
+    old_dead = FakeDelivery(0, now - 100.0, open=False)
+    old, young = FakeDelivery(0, now - 30.0), FakeDelivery(0, now - 1.0)
+    for delivery in (old_dead, old, young):
+        metrics.held.add(delivery)
+    assert 30.0 <= metrics.held.oldest_age() < 31.0  # the dead one is skipped and forgotten
+    assert len(metrics.held) == 2
+    metrics.held.settled([old])
+    assert 1.0 <= metrics.held.oldest_age() < 2.0
+    young.open = False
+    assert metrics.held.forget_dead() == 1
+    assert metrics.held.oldest_age() == 0.0

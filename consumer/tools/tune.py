@@ -130,7 +130,9 @@ def from_prometheus(
     selector picks; the least safe value in force (max release time, min delivery limit)."""
     histograms: dict[tuple[str, str], Histogram] = {}
     for name, outcome in ((HOLD, ""), (ATTEMPT, "recorded"), (ATTEMPT, "dead_lettered")):
-        labels = selector + (f',outcome="{outcome}"' if outcome else "")
+        labels = ",".join(
+            part for part in (selector, f'outcome="{outcome}"' if outcome else "") if part
+        )
         rows = _query(server, f"sum by (le) (increase({name}_bucket{{{labels}}}[{window}]))")
         counts = {float(metric["le"]): value for metric, value in rows if not math.isnan(value)}
         histograms[(name + "_bucket", outcome)] = Histogram.from_counts(counts)

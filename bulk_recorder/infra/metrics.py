@@ -18,15 +18,28 @@ AUTH_FAILURE_REASONS = ("missing", "malformed", "unknown", "revoked", "scope")
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# How long a delivery was held, receipt to settle: fine below a second, then up to and past
-# RabbitMQ's default consumer timeout (1,800 s), whose fractions the tune command and the alert use.
+# How long a delivery was held, receipt to settle: coarse below a second (the flush duration
+# histogram has the detail), then up to and past RabbitMQ's default consumer timeout (1,800 s),
+# whose two thirds the alert uses. Few buckets: five outcomes each, and every scrape writes them.
 HOLD_BUCKETS = (
-    *(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0),
-    *(600.0, 900.0, 1200.0, 1500.0, 1800.0, 2700.0, 3600.0),
+    0.05,
+    0.25,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1200.0,
+    1800.0,
+    3600.0,
 )
 HOLD_OUTCOMES = ("acked", "rejected", "dead_lettered", "released", "dropped")
-# The delivery attempt (x-delivery-count + 1): one bucket per attempt up to 10, then coarser.
-ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 30, 50, 100)
+# The delivery attempt (x-delivery-count + 1): one bucket per attempt up to 8, then coarser.
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 15, 20, 50, 100)
 ATTEMPT_OUTCOMES = ("recorded", "dead_lettered")
 
 

@@ -63,6 +63,9 @@ class Recorder:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.topology = Topology.from_settings(settings)
+        # the two numbers `bulk-recorder tune` weighs the measured holds and attempts against
+        self.metrics.delivery_limit.set(settings.rabbitmq_delivery_limit)
+        self.metrics.release_after.set(settings.bulk_recorder_release_after_s)
         self._tasks = Supervisor()
         self._flush_pool = FlushPool(
             self.metrics, self._tasks, settings.rabbitmq_numbers_of_workers
@@ -207,6 +210,7 @@ class Recorder:
             return getattr(p.delivery, "channel", None) is channel
 
         dropped = len(self._collector.drop(dead)) + self._flush_pool.drop(dead)
+        self.metrics.held.forget_dead()
         if dropped:
             self.metrics.messages_dropped.inc(dropped)
             self.metrics.buffer_messages.dec(dropped)
@@ -249,6 +253,7 @@ class Recorder:
         metrics.messages_received.inc()
         metrics.buffer_messages.inc()
         delivery = AmqpDelivery(message.channel, message, self._dead_letterer)
+        metrics.held.add(delivery)
         properties = message.header.properties
         try:
             if properties.content_encoding:  # a body we would have to decode first: refused
@@ -278,7 +283,7 @@ class Recorder:
             result = await delivery.dead_letter(reason)
         finally:
             self.metrics.buffer_messages.dec()
-        count_dead_letter(self.metrics, result, dead_letter_class(reason))
+        count_dead_letter(self.metrics, result, dead_letter_class(reason), delivery)
 
     # -- shutdown -------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from consumer.failures import failure_line
 from consumer.producer import cmd_api, cmd_relay
 from consumer.runner import run_async, with_stop_signals
 from consumer.tools import outbox as outbox_tool
+from consumer.tools import tune
 from settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     api_keys.add_parser(sub)
     outbox_tool.add_parser(sub)
+    tune.add_parser(sub)
     healthcheck.add_parser(sub)
     return parser
 
@@ -264,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "healthcheck":
         return cmd_healthcheck(args)
     try:
+        if args.command == "tune":  # reads only the URLs it is given: no settings needed
+            return tune.cmd_tune(args)
         return _run(args)
     except BulkRecorderError as exc:  # by class: each carries its exit code
         log.debug("%s failed", args.command, exc_info=True)

@@ -41,6 +41,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
+from time import monotonic
 from typing import Any
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
@@ -212,7 +213,7 @@ def _properties(message: DeliveredMessage, headers: dict[str, Any]) -> spec.Basi
 class AmqpDelivery:
     """One delivery, bound to the channel that delivered it."""
 
-    __slots__ = ("_channel", "_dead_letterer", "_message", "delivery_count", "tag")
+    __slots__ = ("_channel", "_dead_letterer", "_message", "delivery_count", "received", "tag")
 
     def __init__(
         self, channel: AbstractChannel, message: DeliveredMessage, dead_letterer: DeadLetterer
@@ -220,6 +221,7 @@ class AmqpDelivery:
         self._channel = channel
         self._message = message
         self._dead_letterer = dead_letterer
+        self.received = monotonic()  # its hold, receipt to settle, is measured from here
         self.tag: int = message.delivery_tag or 0
         headers = message.header.properties.headers
         count = headers.get(DELIVERY_COUNT_HEADER, 0) if headers else 0

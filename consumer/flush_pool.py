@@ -83,7 +83,7 @@ class FlushPool:
     async def release(self, held: list[Pending]) -> None:
         """Hand deliveries back to the broker (see AmqpDelivery.release) and stop counting
         them as held."""
-        released = await release_all([pending.delivery for pending in held])
+        released = await release_all([pending.delivery for pending in held], self.metrics)
         self.metrics.messages_released.inc(released)
         self.metrics.messages_dropped.inc(len(held) - released)
         self.metrics.buffer_messages.dec(len(held))

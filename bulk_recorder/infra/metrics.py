@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from bulk_recorder.infra.held import Held
+from bulk_recorder.infra.histograms import SettleHistogram
+
 TABLES = ("transactions", "operations", "credit_annotations", "balances")
 FLUSH_REASONS = ("size", "timeout", "shutdown")
 # Why the API refused a request: no key, not a well-formed key, no such key, a revoked key, or a
@@ -15,6 +18,29 @@ AUTH_FAILURE_REASONS = ("missing", "malformed", "unknown", "revoked", "scope")
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# How long a delivery was held, receipt to settle: coarse below a second (the flush duration
+# histogram has the detail), then up to and past RabbitMQ's default consumer timeout (1,800 s),
+# whose two thirds the alert uses. Few buckets: five outcomes each, and every scrape writes them.
+HOLD_BUCKETS = (
+    0.05,
+    0.25,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1200.0,
+    1800.0,
+    3600.0,
+)
+HOLD_OUTCOMES = ("acked", "rejected", "dead_lettered", "released", "dropped")
+# The delivery attempt (x-delivery-count + 1): one bucket per attempt up to 8, then coarser.
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 15, 20, 50, 100)
+ATTEMPT_OUTCOMES = ("recorded", "dead_lettered")
 
 
 class Metrics:
@@ -25,6 +51,7 @@ class Metrics:
         r = self.registry
         p = "bulk_recorder_"
         self._delivery_metrics(r, p)
+        self._settle_metrics(r, p)
         self._write_metrics(r, p)
         self._queue_metrics(r, p)
         self._producer_metrics(r, p)
@@ -65,6 +92,47 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+
+    def _settle_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """What ``bulk-recorder tune`` measures: how long deliveries were held, at which
+        attempt they were recorded or dead-lettered, and the settings they are held against."""
+        self.delivery_hold = SettleHistogram(
+            p + "delivery_hold_seconds",
+            "Time a delivery was held, from its receipt to its settle, by outcome: acked "
+            "(committed), rejected (refused row, requeued), dead_lettered, released, dropped "
+            "(its channel was gone when it was settled, e.g. closed by the consumer timeout).",
+            "outcome",
+            HOLD_OUTCOMES,
+            HOLD_BUCKETS,
+            r,
+        )
+        self.delivery_attempt = SettleHistogram(
+            p + "delivery_attempt",
+            "The delivery attempt (x-delivery-count + 1) at which a record was recorded "
+            "(committed, then acked) or its message dead-lettered by the recorder.",
+            "outcome",
+            ATTEMPT_OUTCOMES,
+            ATTEMPT_BUCKETS,
+            r,
+        )
+        self.delivery_limit = Gauge(
+            p + "delivery_limit",
+            "Recorder: RABBITMQ_DELIVERY_LIMIT in force (the queue's x-delivery-limit).",
+            registry=r,
+        )
+        self.release_after = Gauge(
+            p + "release_after_seconds",
+            "Recorder: BULK_RECORDER_RELEASE_AFTER_S in force.",
+            registry=r,
+        )
+        self.held = Held()  # the recorder adds each delivery at receipt; a settle removes it
+        self.oldest_held = Gauge(
+            p + "oldest_held_seconds",
+            "Recorder: how long the oldest delivery held now (received, not yet settled) has "
+            "been held; 0 when none is.",
+            registry=r,
+        )
+        self.oldest_held.set_function(self.held.oldest_age)
 
     def _write_metrics(self, r: CollectorRegistry, p: str) -> None:
         """The recorder's writes: rows, flushes, fallbacks, retries, buffer, pause, reconnects."""

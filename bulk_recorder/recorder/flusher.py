@@ -53,6 +53,11 @@ class Delivery(Protocol):
         """How many times the broker delivered this message before (x-delivery-count)."""
         ...
 
+    @property
+    def received(self) -> float:
+        """When it arrived (``time.monotonic()``, taken once at receipt)."""
+        ...
+
     def alive(self) -> bool: ...
 
     async def ack(self) -> bool: ...
@@ -72,25 +77,53 @@ class Delivery(Protocol):
         ...
 
 
-async def release_all(deliveries: Sequence[Delivery], window: int = 200) -> int:
+async def release_all(
+    deliveries: Sequence[Delivery], metrics: Metrics | None = None, window: int = 200
+) -> int:
     """Release every delivery, ``window`` at a time (each release waits for a broker confirm:
     one after another they would take ~1 ms each). Returns how many were released; the rest
-    belonged to a closed channel."""
+    belonged to a closed channel. With ``metrics``, the hold of each one released is observed."""
     released = 0
     for start in range(0, len(deliveries), window):
         chunk = deliveries[start : start + window]
-        released += sum(await asyncio.gather(*(d.release() for d in chunk)))
+        done = await asyncio.gather(*(d.release() for d in chunk))
+        released += sum(done)
+        if metrics is not None:
+            observe_settled(
+                metrics, [d for d, ok in zip(chunk, done, strict=True) if ok], "released"
+            )
+            if not all(done):
+                observe_settled(
+                    metrics, [d for d, ok in zip(chunk, done, strict=True) if not ok], "dropped"
+                )
     return released
 
 
-def count_dead_letter(metrics: Metrics, result: DeadLetterResult, reason_class: str) -> None:
+def observe_settled(
+    metrics: Metrics, deliveries: Sequence[Delivery], outcome: str, attempt: str | None = None
+) -> None:
+    """Deliveries just settled: their hold, receipt to now, under ``outcome``; with ``attempt``,
+    also the attempt (x-delivery-count + 1) at which they were settled so."""
+    now = time.monotonic()
+    metrics.delivery_hold.observe_many([now - d.received for d in deliveries], outcome)
+    metrics.held.settled(deliveries)
+    if attempt is not None:
+        metrics.delivery_attempt.observe_many([d.delivery_count + 1 for d in deliveries], attempt)
+
+
+def count_dead_letter(
+    metrics: Metrics, result: DeadLetterResult, reason_class: str, delivery: Delivery
+) -> None:
     """One delivery settled by :meth:`Delivery.dead_letter`: exactly one counter moves."""
     if result is DeadLetterResult.DEAD_LETTERED:
         metrics.messages_dead_lettered.labels(reason=reason_class).inc()
+        observe_settled(metrics, (delivery,), "dead_lettered", "dead_lettered")
     elif result is DeadLetterResult.RELEASED:
         metrics.messages_released.inc()
+        observe_settled(metrics, (delivery,), "released")
     else:
         metrics.messages_dropped.inc()
+        observe_settled(metrics, (delivery,), "dropped")
 
 
 @dataclass(slots=True)
@@ -246,16 +279,22 @@ class Flusher:
     async def _settle(self, outcome: _Outcome, released: list[Pending]) -> None:
         metrics = self._metrics
         acked = dropped = 0
+        committed = [p.delivery for p in outcome.committed]
         if self._ack_many is not None:
-            acked = await self._ack_many([p.delivery for p in outcome.committed])
-            dropped = len(outcome.committed) - acked
+            acked = await self._ack_many(committed)
+            dropped = len(committed) - acked
         else:
-            for p in outcome.committed:
-                if await p.delivery.ack():
+            for delivery in committed:
+                if await delivery.ack():
                     acked += 1
                 else:
                     dropped += 1
         metrics.messages_acked.inc(acked)
+        # a delivery whose ack was lost comes back, and is counted when it is acked then
+        acked_ones = [d for d in committed if d.alive()] if dropped else committed
+        observe_settled(metrics, acked_ones, "acked", "recorded")
+        if dropped:  # its channel is gone: e.g. closed by the broker's consumer timeout
+            observe_settled(metrics, [d for d in committed if not d.alive()], "dropped")
         held = 0
         for p, reason in outcome.poison:
             delivery = p.delivery
@@ -264,10 +303,12 @@ class Flusher:
                 held += 1
             elif await delivery.reject():
                 metrics.messages_rejected.inc()
+                observe_settled(metrics, (delivery,), "rejected")
             else:
                 dropped += 1
+                observe_settled(metrics, (delivery,), "dropped")
         if released:
-            count = await release_all([p.delivery for p in released])
+            count = await release_all([p.delivery for p in released], metrics)
             metrics.messages_released.inc(count)
             dropped += len(released) - count
         if dropped:
@@ -289,7 +330,7 @@ class Flusher:
             result = DeadLetterResult.DROPPED
         finally:
             self._metrics.buffer_messages.dec()
-        count_dead_letter(self._metrics, result, "database")
+        count_dead_letter(self._metrics, result, "database", delivery)
 
     def _dropped(self, count: int) -> None:
         self._metrics.messages_dropped.inc(count)

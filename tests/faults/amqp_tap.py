@@ -78,6 +78,7 @@ class _Incoming:
 
     tag: int
     size: int | None = None
+    delivery_count: int = 0  # its x-delivery-count header (0 when absent)
     body: bytearray = field(default_factory=bytearray)
 
 
@@ -90,6 +91,7 @@ class AmqpTap(TcpProxy):
         super().__init__(target_host, target_port)
         self.check_ack = check_ack
         self.delivered: dict[TagKey, bytes] = {}
+        self.delivery_counts: dict[TagKey, int] = {}  # x-delivery-count of each delivery
         self.settles: list[Settle] = []
         self._incoming: dict[tuple[int, int], _Incoming] = {}
 
@@ -140,6 +142,8 @@ class AmqpTap(TcpProxy):
                 incoming = self._incoming.get(key)
                 if incoming is not None:
                     incoming.size = value.body_size
+                    count = (value.properties.headers or {}).get("x-delivery-count", 0)
+                    incoming.delivery_count = count if isinstance(count, int) else 0
                     self._complete(connection, channel)
             elif isinstance(value, ContentBody):
                 incoming = self._incoming.get(key)
@@ -151,6 +155,7 @@ class AmqpTap(TcpProxy):
         incoming = self._incoming[(connection, channel)]
         if incoming.size is not None and len(incoming.body) >= incoming.size:
             self.delivered[(connection, channel, incoming.tag)] = bytes(incoming.body)
+            self.delivery_counts[(connection, channel, incoming.tag)] = incoming.delivery_count
             del self._incoming[(connection, channel)]
 
     # -- verdicts ---------------------------------------------------------------------------

@@ -69,6 +69,8 @@ SORTED_KEYS_TESTS = (
     T_BALANCES + "test_concurrent_writers_on_hot_accounts_neither_deadlock_nor_drift",
 )
 
+MEASURED = "The two numbers are measured"
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="ack-before-commit",
@@ -713,6 +715,81 @@ MUTANTS: tuple[Mutant, ...] = (
         new="GIVE_BACK_CHUNK = 100_000 ",
         promise=DLQ_BY_REASON,
         tests=(T_DLQ + "test_inspect_leaves_the_dlq_in_its_order",),
+        fast=True,
+    ),
+    Mutant(
+        name="attempt-without-plus-one",
+        path="bulk_recorder/recorder/flusher.py",
+        old="[d.delivery_count + 1 for d in deliveries]",
+        new="[d.delivery_count for d in deliveries]",
+        promise=MEASURED,
+        tests=(
+            "tests/unit/test_settle_measures.py::"
+            "test_holds_count_from_receipt_and_attempts_are_the_delivery_count_plus_one",
+            "tests/faults/test_tune_measured.py::"
+            "test_tune_reports_the_attempts_and_holds_a_real_recorder_went_through",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="hold-from-flush-start",
+        path="bulk_recorder/recorder/flusher.py",
+        old="        outcome = _Outcome()\n",
+        new=(
+            "        for p in live:\n"
+            "            p.delivery.received = time.monotonic()\n"
+            "        outcome = _Outcome()\n"
+        ),
+        promise=MEASURED,
+        tests=(
+            "tests/unit/test_settle_measures.py::"
+            "test_holds_count_from_receipt_and_attempts_are_the_delivery_count_plus_one",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="released-holds-unmeasured",
+        path="bulk_recorder/recorder/flusher.py",
+        old="release_all([p.delivery for p in released], metrics)",
+        new="release_all([p.delivery for p in released])",
+        promise=MEASURED,
+        tests=(T_PROPERTY + "test_flusher_acks_exactly_the_committed_deliveries",),
+    ),
+    Mutant(
+        name="delivery-limit-in-force-not-exported",
+        path="consumer/app.py",
+        old="        self.metrics.delivery_limit.set(settings.rabbitmq_delivery_limit)\n",
+        new="",
+        promise=MEASURED,
+        tests=(
+            "tests/faults/test_tune_measured.py::"
+            "test_tune_reports_the_attempts_and_holds_a_real_recorder_went_through",
+        ),
+    ),
+    Mutant(
+        name="limit-reached-by-valid-records-not-warned",
+        path="consumer/tools/tune_advice.py",
+        old="needed >= m.delivery_limit",
+        new="needed > m.delivery_limit",
+        promise=MEASURED,
+        tests=(
+            "tests/unit/test_tune_advice.py::"
+            "test_a_limit_reached_by_valid_records_warns_and_recommends_two_more",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="held-never-settled",
+        path="bulk_recorder/recorder/flusher.py",
+        old="    metrics.held.settled(deliveries)\n",
+        new="",
+        promise=MEASURED,
+        tests=(
+            "tests/unit/test_settle_measures.py::"
+            "test_holds_count_from_receipt_and_attempts_are_the_delivery_count_plus_one",
+            "tests/faults/test_tune_measured.py::"
+            "test_tune_reports_the_attempts_and_holds_a_real_recorder_went_through",
+        ),
         fast=True,
     ),
 )

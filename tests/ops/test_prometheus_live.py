@@ -70,6 +70,13 @@ ALERT_PROBES: dict[str, list[str]] = {
         'sum by (reason) (rate(bulk_recorder_messages_dead_lettered_total{job="recorder"}[5m]))',
         'bulk_recorder_messages_dead_lettered_total{job="recorder"}',
     ],
+    # The live gauge; the +Inf bucket and the 1200 s one (written "1200.0"): both must match.
+    "DeliveryHeldNearConsumerTimeout": [
+        'max_over_time(bulk_recorder_oldest_held_seconds{job="recorder"}[5m])',
+        'increase(bulk_recorder_delivery_hold_seconds_bucket{job="recorder", le="+Inf"}[15m])',
+        "increase(bulk_recorder_delivery_hold_seconds_bucket"
+        '{job="recorder", le=~"1200(\\\\.0)?"}[15m])',
+    ],
     "RecorderCommitSlow": [
         "histogram_quantile(0.99, sum by (instance, le) "
         '(rate(bulk_recorder_flush_duration_seconds_bucket{job="recorder"}[5m])))'
@@ -318,8 +325,35 @@ async def test_every_panel_query_and_alert_expression_returns_series_on_a_live_p
         await _load(stack, prom, http, env, f"http://127.0.0.1:{ports['api']}", broker)
         queries = await _check_panels(stack, prom)
         alerts = await _check_alerts(stack, prom)
+        await _check_tune(prometheus_port, ports["recorder"], env)
     elapsed = time.monotonic() - started
     print(f"live Prometheus: {queries} panel queries, {alerts} alerts, {elapsed:.1f} s")
+
+
+async def _check_tune(prometheus_port: int, recorder_port: int, env: dict[str, str]) -> None:
+    """``bulk-recorder tune`` reads the same figures through Prometheus's query API as from the
+    recorder's own /metrics (the counts up to the extrapolation of ``increase``)."""
+    direct = await _tune_json(env, f"http://127.0.0.1:{recorder_port}/metrics")
+    via = await _tune_json(
+        env, "--prometheus", f"http://127.0.0.1:{prometheus_port}", "--window", "1h"
+    )
+    assert direct["measured"]["recorded"] >= 612, direct
+    for key in ("worst_hold_seconds_at_most", "attempts_needed", "dead_lettered_attempt_at_most"):
+        assert via["measured"][key] == direct["measured"][key], (key, via, direct)
+    assert 0.9 <= via["measured"]["settled"] / direct["measured"]["settled"] <= 1.2, (via, direct)
+    assert via["in_force"] == direct["in_force"], (via, direct)
+    assert via["recommended"] == direct["recommended"], (via, direct)
+
+
+async def _tune_json(env: dict[str, str], *args: str) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        CLI, "tune", "--json", *args, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, f"tune {args}: {err.decode()}"
+    report: dict[str, Any] = json.loads(out)
+    return report
 
 
 async def _run(*argv: str, env: dict[str, str]) -> None:

@@ -19,6 +19,8 @@ from tests.conftest import wait_for
 class FakeDelivery:
     channel: object
     released: bool = False
+    delivery_count: int = 0
+    received: float = 0.0
 
     async def release(self) -> bool:
         self.released = True

@@ -522,6 +522,20 @@ def test_flusher_acks_exactly_the_committed_deliveries(
         value("bulk_recorder_messages_dead_lettered_total", {"reason": "database"})
         == outcomes["dead_letter"]
     )
+
+    # every settle is measured once, under its outcome (its hold; `bulk-recorder tune`)
+    def held(outcome: str) -> float:
+        return value("bulk_recorder_delivery_hold_seconds_count", {"outcome": outcome})
+
+    assert held("acked") == outcomes["ack"]
+    assert held("rejected") == outcomes["reject"]
+    assert held("released") == outcomes["release"] + outcomes["dead_letter_released"]
+    assert held("dead_lettered") == outcomes["dead_letter"]
+    assert held("dropped") <= value("bulk_recorder_messages_dropped_total")
+    attempts = value("bulk_recorder_delivery_attempt_count", {"outcome": "dead_lettered"})
+    assert attempts == outcomes["dead_letter"]
+    recorded = value("bulk_recorder_delivery_attempt_count", {"outcome": "recorded"})
+    assert recorded == outcomes["ack"]
     received = value("bulk_recorder_messages_received_total")
     dropped = value("bulk_recorder_messages_dropped_total")
     assert received == len(world.deliveries)

@@ -40,6 +40,7 @@ NODE_LOSS = "Broker node loss"
 DB_FAILOVER = "Database failover"
 EXACT_AMOUNTS = "Amounts are exact"
 BAD_DATA = "Bad data never holds the batch"
+SPEC = "The OpenAPI document says what the API accepts"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
@@ -594,5 +595,16 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue",
         ),
         fast=True,
+    ),
+    Mutant(
+        name="creditor-published-without-its-not-blank-rule",
+        path="bulk_recorder/records/schema.py",
+        old='extra_json_schema=published.override({"pattern": published.NOT_BLANK_TEXT})',
+        new='extra_json_schema=published.override({"pattern": published.TEXT})',
+        promise=SPEC,
+        tests=(
+            "tests/unit/test_published_schema.py::"
+            "test_a_job_the_document_allows_is_accepted_line_by_line",
+        ),
     ),
 )

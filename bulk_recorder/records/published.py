@@ -195,8 +195,10 @@ UNSTATED_TRANSACTION_RULES: Final = (
     "credits Y != amount Z`); every operation's `asset_code` is the transaction's "
     "(`operations[i].asset_code: X != transaction asset Y`); operation ids are distinct from "
     "each other and from the transaction id (`operations[i].id: duplicate`, "
-    "`operations[i].id: same as the transaction id`); an integer amount is written without a "
-    "fraction or exponent, which JSON Schema's `integer` allows (`amount: must be a decimal "
+    "`operations[i].id: same as the transaction id`; `uniqueItems` states only that two "
+    "legs differ, JSON Schema cannot compare one property of each); an integer amount is "
+    "written without a fraction or exponent, which JSON Schema's `integer` allows (`amount: "
+    "must be a decimal "
     "string or integer, not a float`); the body's size and nesting depth. "
     "A transaction id already accepted with other content is 409."
 )

@@ -129,7 +129,13 @@ class TransactionIn(msgspec.Struct, kw_only=True, gc=False):
     # ISO 8601 as datetime.fromisoformat reads it, with a timezone: rules.created_at.
     created_at: Annotated[str, _DATE_TIME] | None = None
     metadata: Metadata = msgspec.field(default_factory=_null)
-    operations: Annotated[list[OperationIn], msgspec.Meta(min_length=2, max_length=MAX_OPERATIONS)]
+    # Two equal legs share an id: uniqueItems is as far as JSON Schema can say "distinct ids".
+    operations: Annotated[
+        list[OperationIn],
+        msgspec.Meta(
+            min_length=2, max_length=MAX_OPERATIONS, extra_json_schema={"uniqueItems": True}
+        ),
+    ]
 
 
 class CreditAnnotationIn(msgspec.Struct, kw_only=True, gc=False):

@@ -167,6 +167,7 @@ def job_request_body(max_lines: int) -> dict[str, Any]:
                 "items": {"$ref": ANNOTATION_REF},
                 "minItems": 1,
                 "maxItems": max_lines,
+                "uniqueItems": True,  # two equal lines repeat an id
             },
             "example": list(EXAMPLE_LINES),
         }

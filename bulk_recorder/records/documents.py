@@ -20,16 +20,18 @@ from __future__ import annotations
 from operator import mul
 from typing import Final
 
-__all__ = ["CNPJ", "CPF", "normalize_document"]
+__all__ = ["CNPJ", "CNPJ_LEN", "CPF", "CPF_LEN", "MAX_RAW_LEN", "PUNCTUATION", "normalize_document"]
 
 CPF: Final = "CPF"
 CNPJ: Final = "CNPJ"
 
+CPF_LEN: Final = 11  # digits
+CNPJ_LEN: Final = 14  # 12 letters or digits, then 2 check digits
 # Punctuation accepted (and dropped) in formatted documents, e.g. "12.ABC.345/01DE-35".
-_PUNCTUATION: Final = b".-/ "
+PUNCTUATION: Final = b".-/ "
 # A formatted CNPJ has 18 characters; anything much longer is not a document (and is not worth
 # scanning).
-_MAX_RAW_LEN: Final = 64
+MAX_RAW_LEN: Final = 64
 
 _CPF_W1: Final[tuple[int, ...]] = (10, 9, 8, 7, 6, 5, 4, 3, 2)
 _CPF_W2: Final[tuple[int, ...]] = (11, 10, 9, 8, 7, 6, 5, 4, 3, 2)
@@ -59,15 +61,15 @@ def normalize_document(raw: str) -> tuple[str, str]:
     Raises ``ValueError`` with a short, ASCII message (no field name) when the text is not a
     document, its check digits are wrong or all its characters are the same.
     """
-    if len(raw) > _MAX_RAW_LEN or not raw.isascii():
+    if len(raw) > MAX_RAW_LEN or not raw.isascii():
         raise ValueError(FORMAT_ERROR)
     # ASCII from here on: bytes methods do in C what a regex would (isdigit: 0-9 only;
     # isalnum after upper(): 0-9 and A-Z only).
-    doc = raw.encode().translate(None, _PUNCTUATION).upper()
+    doc = raw.encode().translate(None, PUNCTUATION).upper()
     size = len(doc)
-    if size == 11 and doc.isdigit():
+    if size == CPF_LEN and doc.isdigit():
         kind, w1, offset1, w2, offset2 = _CPF_RULE
-    elif size == 14 and doc[:12].isalnum() and doc[12:].isdigit():
+    elif size == CNPJ_LEN and doc[:-2].isalnum() and doc[-2:].isdigit():
         kind, w1, offset1, w2, offset2 = _CNPJ_RULE
     else:
         raise ValueError(FORMAT_ERROR)

@@ -220,7 +220,7 @@ def _transaction(obj: dict[str, Any], twin: Any) -> None:
 
 def _operations(obj: dict[str, Any], tx_id: str, asset_code: str) -> None:
     raw_ops = obj.get("operations", MISSING)
-    info = _TX["operations"][2]
+    info = _bare(_TX["operations"][2])
     assert isinstance(info, inspect.ListType)
     if type(raw_ops) is not list:
         type_error("", "operations", raw_ops, "an array")

@@ -19,20 +19,23 @@ import msgspec
 
 from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.records.contract import (
+    MAX_AMOUNT_FRACTION_DIGITS,
+    MAX_AMOUNT_INTEGER_DIGITS,
     MAX_METADATA_BYTES,
     MAX_METADATA_EXPONENT,
     RecordError,
 )
 from bulk_recorder.records.documents import normalize_document
+from bulk_recorder.records.published import DECIMAL
 from bulk_recorder.records.schema import ASSET_PATTERN, ENCODE, PARSE
 
 MISSING: Final = object()
 
 # Exactly what numeric(38,18) stores without rounding: 20 integer digits, 18 decimals.
-_AMOUNT_MATCH: Final = re.compile(r"[0-9]{1,20}(?:\.[0-9]{1,18})?").fullmatch
+_AMOUNT_MATCH: Final = re.compile(DECIMAL).fullmatch
 # Looser shape, only used to explain why an amount failed the strict pattern.
 _NUMBER_MATCH: Final = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?").fullmatch
-_AMOUNT_LIMIT: Final = 10**20
+_AMOUNT_LIMIT: Final = 10**MAX_AMOUNT_INTEGER_DIGITS
 _HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 _ASSET_MATCH: Final = re.compile(ASSET_PATTERN).search
 _KINDS: Final[dict[type, str]] = {
@@ -120,9 +123,9 @@ def _bad_amount(value: Any, positive: bool, where: str, key: str) -> NoReturn:
         fail(where, key, "invalid decimal (expected digits with an optional '.' fraction)")
     if match[1]:
         fail(where, key, sign_error)
-    if len(match[2]) > 20:
+    if len(match[2]) > MAX_AMOUNT_INTEGER_DIGITS:
         fail(where, key, "out of range")
-    fail(where, key, "more than 18 decimal places")
+    fail(where, key, f"more than {MAX_AMOUNT_FRACTION_DIGITS} decimal places")
 
 
 def storable_text(value: str, key: str, twin: str | None = None) -> None:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
+from bulk_recorder.records import published
 from bulk_recorder.records.contract import (
     MAX_ANNOTATION_REASON_LEN,
     MAX_CREDITOR_LEN,
@@ -38,14 +39,13 @@ __all__ = [
 
 # msgspec patterns are searched, not matched: anchor both ends (\Z, since $ also matches before
 # a final newline).
-UUID_PATTERN: Final = (
-    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z"
-)
-ASSET_PATTERN: Final = r"^[A-Z][A-Z0-9]{0,9}\Z"
+UUID_PATTERN: Final = f"^{published.UUID}\\Z"
+ASSET_PATTERN: Final = f"^{published.ASSET}\\Z"
 NOT_BLANK_PATTERN: Final = r"\S"  # \S is "not str.isspace()", the test str.strip() uses
-# JSON Schema's regex dialect (ECMA 262) has no \Z; its $ matches only at the end.
-_PUBLISHED_UUID: Final = UUID_PATTERN.removesuffix("\\Z") + "$"
-_PUBLISHED_ASSET: Final = ASSET_PATTERN.removesuffix("\\Z") + "$"
+# What the OpenAPI document publishes (:mod:`.published`): JSON Schema's regex dialect has no
+# \Z, and its $ matches only at the end.
+_PUBLISHED_UUID: Final = published.anchored(published.UUID)
+_PUBLISHED_ASSET: Final = published.anchored(published.ASSET)
 
 # msgspec checks a ``pattern`` by calling Python's re once per field: seven calls per
 # transaction were two thirds of its pass. So the schema checks a UUID's length here and
@@ -60,26 +60,46 @@ Uuid = Annotated[
 ]
 AssetCode = Annotated[
     str,
-    msgspec.Meta(pattern=ASSET_PATTERN, extra_json_schema={"pattern": _PUBLISHED_ASSET}),
+    msgspec.Meta(
+        pattern=ASSET_PATTERN, extra_json_schema=published.override({"pattern": _PUBLISHED_ASSET})
+    ),
 ]
 # An operation's asset must equal its transaction's (valid) one: rules.operation_asset.
 OperationAsset = Annotated[str, msgspec.Meta(extra_json_schema={"pattern": _PUBLISHED_ASSET})]
-# An exact decimal as a JSON string or integer; its digit limits are rules.amount's.
+# An exact decimal as a JSON string or integer; its digit limits and sign are rules.amount's.
 Amount = Annotated[
     str | int,
     msgspec.Meta(
-        description="Exact decimal as a JSON string or integer, at most 20 integer and 18 "
-        "fractional digits; never a float.",
         examples=["150.00"],
+        extra_json_schema=published.override(published.amount_schema(positive=False)),
     ),
 ]
+PositiveAmount = Annotated[
+    str | int,
+    msgspec.Meta(
+        examples=["150.00"],
+        extra_json_schema=published.override(published.amount_schema(positive=True)),
+    ),
+]
+# Text PostgreSQL can store (no NUL): rules.storable_text.
+Text = msgspec.Meta(extra_json_schema={"pattern": published.TEXT})
 Metadata = Annotated[
     msgspec.Raw,  # kept as sent; rules.metadata wants an object (or null) and keeps its numbers
     msgspec.Meta(
         description="A JSON object (or null), stored as jsonb with its numbers digit for digit.",
-        extra_json_schema={"anyOf": [{"type": "object"}, {"type": "null"}]},
+        extra_json_schema={
+            "anyOf": [
+                {"$ref": published.COMPONENT_REF.format(name="MetadataObject")},
+                {"type": "null"},
+            ]
+        },
     ),
 ]
+
+
+_DATE_TIME: Final = msgspec.Meta(
+    extra_json_schema={"format": "date-time", "pattern": published.date_time_pattern()}
+)
 
 
 def _null() -> msgspec.Raw:
@@ -92,7 +112,7 @@ class OperationIn(msgspec.Struct, kw_only=True, gc=False):
     id: Uuid
     account_id: Uuid
     type: Literal["DEBIT", "CREDIT"]
-    amount: Amount
+    amount: PositiveAmount
     asset_code: OperationAsset
 
 
@@ -102,16 +122,20 @@ class TransactionIn(msgspec.Struct, kw_only=True, gc=False):
     id: Uuid
     organization_id: Uuid
     ledger_id: Uuid
-    description: Annotated[str, msgspec.Meta(max_length=MAX_DESCRIPTION_LEN)] | None = None
+    description: Annotated[str, msgspec.Meta(max_length=MAX_DESCRIPTION_LEN), Text] | None = None
     status: Literal["PENDING", "APPROVED", "CANCELED"]
     asset_code: AssetCode
-    amount: Amount
+    amount: PositiveAmount
     # ISO 8601 as datetime.fromisoformat reads it, with a timezone: rules.created_at.
-    created_at: Annotated[str, msgspec.Meta(extra_json_schema={"format": "date-time"})] | None = (
-        None
-    )
+    created_at: Annotated[str, _DATE_TIME] | None = None
     metadata: Metadata = msgspec.field(default_factory=_null)
-    operations: Annotated[list[OperationIn], msgspec.Meta(min_length=2, max_length=MAX_OPERATIONS)]
+    # Two equal legs share an id: uniqueItems is as far as JSON Schema can say "distinct ids".
+    operations: Annotated[
+        list[OperationIn],
+        msgspec.Meta(
+            min_length=2, max_length=MAX_OPERATIONS, extra_json_schema={"uniqueItems": True}
+        ),
+    ]
 
 
 class CreditAnnotationIn(msgspec.Struct, kw_only=True, gc=False):
@@ -123,15 +147,30 @@ class CreditAnnotationIn(msgspec.Struct, kw_only=True, gc=False):
         str,
         msgspec.Meta(
             description="CPF (11 digits) or CNPJ (14 characters, numeric or alphanumeric) with "
-            "valid check digits; punctuation allowed.",
+            "valid check digits; punctuation (. - / space) allowed. The pattern states the "
+            "shape; the check digits no schema can state.",
             examples=["529.982.247-25", "12.ABC.345/01DE-35"],
+            extra_json_schema={
+                "pattern": published.anchored(published.DOCUMENT),
+                "maxLength": published.MAX_DOCUMENT_LEN,
+            },
         ),
     ]
     kind: Literal["RESTRICTION", "RELEASE"]
-    creditor: Annotated[str, msgspec.Meta(max_length=MAX_CREDITOR_LEN, pattern=NOT_BLANK_PATTERN)]
+    creditor: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=MAX_CREDITOR_LEN,
+            pattern=NOT_BLANK_PATTERN,
+            description="Not blank: at least one character that is not white space.",
+            extra_json_schema=published.override({"pattern": published.NOT_BLANK_TEXT}),
+        ),
+    ]
     amount: Amount
-    occurred_on: date  # YYYY-MM-DD, a real date
-    reason: Annotated[str, msgspec.Meta(max_length=MAX_ANNOTATION_REASON_LEN)] | None = None
+    occurred_on: Annotated[  # YYYY-MM-DD, a real date
+        date, msgspec.Meta(extra_json_schema={"pattern": published.anchored(published.DATE)})
+    ]
+    reason: Annotated[str, msgspec.Meta(max_length=MAX_ANNOTATION_REASON_LEN), Text] | None = None
 
 
 BODY_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {

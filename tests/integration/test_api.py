@@ -7,6 +7,7 @@ import asyncio
 import copy
 import json
 import random
+import re
 import signal
 import sys
 import uuid
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bulk_recorder.producer.parsers import CONTENT_TYPES
 from bulk_recorder.records import CreditAnnotation, decode
 from consumer.tools.generator import Generator
 from tests.conftest import free_port, settings_env, wait_for
@@ -405,7 +407,18 @@ async def test_health_ready_metrics_and_openapi(make_settings) -> None:
     schemas = spec["components"]["schemas"]
     assert {"TransactionIn", "OperationIn", "CreditAnnotationIn", "JobStatus"} <= set(schemas)
     job_body = spec["paths"]["/v1/credit-annotation-jobs"]["post"]["requestBody"]["content"]
-    assert set(job_body) == {"application/json", "application/x-ndjson", "text/csv"}
+    # Every media type the API takes is documented; NDJSON and CSV as text a client can send.
+    assert set(job_body) == set(CONTENT_TYPES)
+    assert job_body["application/x-ndjson"]["x-itemSchema"] == {
+        "$ref": "#/components/schemas/CreditAnnotationIn"
+    }
+    for media, name in (
+        ("application/x-ndjson", "CreditAnnotationLines"),
+        ("text/csv", "CreditAnnotationCsv"),
+    ):
+        assert job_body[media]["schema"] == {"$ref": f"#/components/schemas/{name}"}
+        assert schemas[name]["type"] == "string"
+        assert re.search(schemas[name]["pattern"], schemas[name]["examples"][0])
 
 
 async def test_readyz_is_503_when_the_database_goes_away(make_settings, services) -> None:

@@ -71,6 +71,8 @@ SORTED_KEYS_TESTS = (
 
 MEASURED = "The two numbers are measured"
 
+SPEC = "The OpenAPI document says what the API accepts"
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="ack-before-commit",
@@ -791,5 +793,16 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_tune_reports_the_attempts_and_holds_a_real_recorder_went_through",
         ),
         fast=True,
+    ),
+    Mutant(
+        name="creditor-published-without-its-not-blank-rule",
+        path="bulk_recorder/records/schema.py",
+        old='extra_json_schema=published.override({"pattern": published.NOT_BLANK_TEXT})',
+        new='extra_json_schema=published.override({"pattern": published.TEXT})',
+        promise=SPEC,
+        tests=(
+            "tests/unit/test_published_schema.py::"
+            "test_a_job_the_document_allows_is_accepted_line_by_line",
+        ),
     ),
 )

@@ -43,13 +43,16 @@ from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.api_docs import serve_docs_offline
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
-from bulk_recorder.producer.api.models import JobRefused
+from bulk_recorder.producer.api.job_bodies import body_components
+from bulk_recorder.producer.api.models import IDEMPOTENCY_SCHEMA, JobRefused
 from bulk_recorder.producer.api.problems import ApiError, Problem, answer_errors_as_problems
 from bulk_recorder.producer.api.routes import (
     add_job_routes,
     add_operation_routes,
     add_transaction_routes,
 )
+from bulk_recorder.records import published
+from bulk_recorder.records.contract import DEFAULT_MAX_BODY_BYTES
 from bulk_recorder.records.schema import CreditAnnotationIn, TransactionIn
 from settings import Settings
 
@@ -62,8 +65,11 @@ DEFAULT_MAX_JOB_LINES: Final = 1_000_000
 
 
 class _Api(FastAPI):
-    """FastAPI with the schemas of the raw (decode-validated) request bodies and of the
-    problem+json answers in components."""
+    """FastAPI with the schemas of the raw (decode-validated) request bodies, with every rule a
+    schema can state (:mod:`bulk_recorder.records.published`), and of the problem+json answers
+    in components."""
+
+    max_line_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema:
@@ -71,13 +77,24 @@ class _Api(FastAPI):
         schema = super().openapi()
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         _, bodies = msgspec.json.schema_components(
-            (TransactionIn, CreditAnnotationIn), ref_template="#/components/schemas/{name}"
+            (TransactionIn, CreditAnnotationIn), ref_template=published.COMPONENT_REF
         )
+        bodies = published.resolve_overrides(bodies)
+        bodies["TransactionIn"]["description"] += " " + published.UNSTATED_TRANSACTION_RULES
+        bodies["CreditAnnotationIn"]["description"] += " " + published.UNSTATED_ANNOTATION_RULES
         components.update(bodies)
+        components.update(published.METADATA_COMPONENTS)
+        components.update(body_components(self.max_line_bytes))
         for model in (Problem, JobRefused):
             body = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body
+        for path in schema["paths"].values():
+            for operation in path.values():
+                for parameter in operation.get("parameters", ()):
+                    if parameter["name"] == "Idempotency-Key":
+                        parameter["schema"] = IDEMPOTENCY_SCHEMA
+        self.openapi_schema = schema
         return schema
 
 
@@ -124,6 +141,7 @@ def create_app(
         docs_url=None,  # /docs and /redoc come from serve_docs_offline: no CDN
         redoc_url=None,
     )
+    app.max_line_bytes = settings.bulk_recorder_max_message_bytes
     serve_docs_offline(app)
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
     install(

@@ -1,8 +1,10 @@
 """The API's answers, and how the request bodies appear in the OpenAPI document.
 
 The request bodies are the record schema itself (:mod:`bulk_recorder.records.schema`, the msgspec
-structs ``decode()`` checks them against), published as ``TransactionIn``, ``OperationIn`` and
-``CreditAnnotationIn``: the document cannot drift from what the API and the recorder accept.
+structs ``decode()`` checks them against, with the rules of
+:mod:`bulk_recorder.records.published`), published as ``TransactionIn``, ``OperationIn`` and
+``CreditAnnotationIn``: the document cannot drift from what the API and the recorder accept. A
+job's NDJSON and CSV bodies are in :mod:`.job_bodies`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
+from bulk_recorder.producer.api.body import MAX_IDEMPOTENCY_KEY_LEN
 from bulk_recorder.producer.api.problems import Problem
 
 
@@ -49,32 +52,52 @@ class JobRefused(Problem):
     rejections_truncated: bool
 
 
+TRANSACTION_EXAMPLE: Final[dict[str, Any]] = {
+    "id": "0193a7c2-5f1e-7d4a-9b8c-2e4f6a8b0c2a",
+    "organization_id": "0193a7c2-5f1e-7d4a-9b8c-2e4f6a8b0c2b",
+    "ledger_id": "0193a7c2-5f1e-7d4a-9b8c-2e4f6a8b0c2c",
+    "description": "Invoice 42",
+    "status": "APPROVED",
+    "asset_code": "BRL",
+    "amount": "150.00",
+    "created_at": "2026-11-30T12:00:00Z",
+    "metadata": {"invoice": 42},
+    "operations": [
+        {
+            "id": "0193a7c2-5f1e-7d4a-9b8c-2e4f6a8b0c2d",
+            "account_id": "0193a7c2-5f1e-7d4a-9b8c-2e4f6a8b0c2e",
+            "type": "DEBIT",
+            "amount": "150.00",
+            "asset_code": "BRL",
+        },
+        {
+            "id": "0193a7c2-5f1e-7d4a-9b8c-2e4f6a8b0c2f",
+            "account_id": "0193a7c2-5f1e-7d4a-9b8c-2e4f6a8b0c30",
+            "type": "CREDIT",
+            "amount": "150.00",
+            "asset_code": "BRL",
+        },
+    ],
+}
 TRANSACTION_BODY: Final[dict[str, Any]] = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TransactionIn"}}},
-    }
-}
-JOB_BODY: Final[dict[str, Any]] = {
-    "requestBody": {
-        "required": True,
-        "description": "Streamed: JSON array of objects, NDJSON (one object a line) or CSV "
-        "with a header row (columns id, job_id, document, kind, creditor, amount, "
-        "occurred_on, reason; job_id and reason optional).",
         "content": {
             "application/json": {
-                "schema": {
-                    "type": "array",
-                    "items": {"$ref": "#/components/schemas/CreditAnnotationIn"},
-                }
-            },
-            "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/CreditAnnotationIn"}},
-            "text/csv": {"schema": {"type": "string"}},
+                "schema": {"$ref": "#/components/schemas/TransactionIn"},
+                "example": TRANSACTION_EXAMPLE,
+            }
         },
     }
 }
 IDEMPOTENCY_DOC = (
-    "Optional, 1 to 255 printable ASCII characters. A repeat with the same key gets the "
-    "first outcome (header Idempotent-Replayed: true); the same key with a different body "
-    "gets 422."
+    f"Optional, 1 to {MAX_IDEMPOTENCY_KEY_LEN} printable ASCII characters (spaces around it are "
+    "not part of it, as HTTP has it). A repeat with the same key gets the first outcome (header "
+    "Idempotent-Replayed: true); the same key with a different body gets 422."
 )
+IDEMPOTENCY_SCHEMA: Final[dict[str, Any]] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_IDEMPOTENCY_KEY_LEN,
+    "pattern": "^[\\u0021-\\u007e](?:[\\u0020-\\u007e]*[\\u0021-\\u007e])?$",
+}

@@ -101,17 +101,22 @@ def json_response(status: int, body: BaseModel | dict[str, Any], **headers: str)
 
 
 def problem_responses(
-    described: dict[int, str | None], *, schemas: dict[int, str] | None = None
+    described: dict[int, str | None], *, schemas: dict[int, tuple[str, ...]] | None = None
 ) -> dict[int | str, dict[str, Any]]:
     """A route's error answers for the OpenAPI document: each status with its description
-    (None: the status's phrase) and a problem+json body (``schemas`` names another component
-    than ``Problem`` for some); 503 documents ``Retry-After``."""
+    (None: the status's phrase) and a problem+json body (``schemas`` names other components
+    than ``Problem`` for some: any of them); 503 documents ``Retry-After``."""
     out: dict[int | str, dict[str, Any]] = {}
     for status, description in described.items():
-        schema = (schemas or {}).get(status, "Problem")
+        refs = [
+            {"$ref": f"#/components/schemas/{name}"}
+            for name in (schemas or {}).get(status, ("Problem",))
+        ]
         answer: dict[str, Any] = {
             "description": description or HTTPStatus(status).phrase,
-            "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": f"#/components/schemas/{schema}"}}},
+            "content": {
+                PROBLEM_MEDIA_TYPE: {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}
+            },
         }
         if status == 503:
             answer["headers"] = {

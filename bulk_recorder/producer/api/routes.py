@@ -16,11 +16,11 @@ from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.producer.api.auth import AUTH_RESPONSES, JobReader, JobWriter, TransactionWriter
 from bulk_recorder.producer.api.body import checked_idempotency_key, media_type_of, read_limited
 from bulk_recorder.producer.api.context import ApiContext
+from bulk_recorder.producer.api.job_bodies import job_request_body
 from bulk_recorder.producer.api.job_status import JobStatus
 from bulk_recorder.producer.api.jobs import accept_job, job_status
 from bulk_recorder.producer.api.models import (
     IDEMPOTENCY_DOC,
-    JOB_BODY,
     TRANSACTION_BODY,
     JobAccepted,
     TransactionAccepted,
@@ -54,10 +54,10 @@ JOB_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
             408: "the body came too slowly",
             413: None,
             415: None,
-            422: "no line is valid, or key reused",
+            422: "no line is valid (JobRefused), or key reused (Problem)",
             503: "the database is unreachable",
         },
-        schemas={422: "JobRefused"},
+        schemas={422: ("JobRefused", "Problem")},
     ),
     **AUTH_RESPONSES,
 }
@@ -70,6 +70,16 @@ JOB_STATUS_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
         }
     ),
     **AUTH_RESPONSES,
+}
+
+
+# The job's status, from the id of the 202 (OpenAPI links: clients and fuzzers follow them).
+JOB_LINKS: Final = {
+    "status": {
+        "operationRef": "#/paths/~1v1~1credit-annotation-jobs~1{job_id}/get",
+        "parameters": {"job_id": "$response.body#/id"},
+        "description": "The job's status and progress.",
+    }
 }
 
 
@@ -158,8 +168,9 @@ def add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
         tags=["credit annotation jobs"],
         status_code=202,
         response_model=JobAccepted,
-        openapi_extra=JOB_BODY,
+        openapi_extra=job_request_body(ctx.max_job_lines),
         responses={
+            202: {"description": "accepted: its lines go to the outbox", "links": JOB_LINKS},
             **JOB_ERRORS,
         },
     )

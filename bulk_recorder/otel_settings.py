@@ -1,4 +1,4 @@
-"""The OpenTelemetry settings: the standard ``OTEL_*`` variables, as fields of :class:`Settings`.
+"""The OpenTelemetry settings: the standard ``OTEL_*`` variables, as fields of the settings.
 
 They live here, at the settings' own layer, so that ``settings.py`` stays one screen of the
 service's own settings; :class:`settings.Settings` inherits them. Each field is the variable of

@@ -8,7 +8,7 @@ global): no span object, no context switch, no header. :func:`configure` is call
 role's run (``consume``, ``relay``, ``api``) with its settings, and :func:`shutdown` at its
 clean exit exports what the batch processor still holds.
 
-Spans leave through OTLP/HTTP (protobuf) in a :class:`BatchSpanProcessor`: a background thread
+Spans leave through OTLP/HTTP (protobuf) in the SDK's batch span processor: a background thread
 exports, the event loop only queues a finished span. The trace context travels as W3C
 TraceContext (``traceparent``, ``tracestate``): in the API's request headers, in the outbox row
 (:mod:`bulk_recorder.producer.outbox`), in the AMQP message headers.
@@ -32,7 +32,7 @@ from settings import Settings
 log = logging.getLogger(__name__)
 
 # The most links one flush span carries (a flush holds up to BULK_RECORDER_SIZE deliveries);
-# the rest are counted in bulk_recorder.links_dropped. Also the SDK's link limit per span.
+# the rest are counted in the span's links_dropped attribute. Also the SDK's link limit per span.
 MAX_LINKS = 128
 
 PROPAGATOR = TraceContextTextMapPropagator()

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import asyncpg
-from pamqp.common import FieldValue
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from pamqp.common import FieldValue
 
 from bulk_recorder.infra import tracing
 

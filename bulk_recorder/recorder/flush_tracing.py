@@ -4,15 +4,16 @@ Messaging semantic conventions for a batch: the flush is a ``process`` operation
 a new root (a batch has no single parent), with a LINK to the trace context of each delivery in
 it (the ``traceparent``/``tracestate`` headers the relay's producer span put there). At most
 :data:`bulk_recorder.infra.tracing.MAX_LINKS` (128) links: a flush of more distinct contexts
-keeps the first ones, in delivery order, and says how many it left out in
-``bulk_recorder.links_dropped`` beside ``messaging.batch.message_count``. A delivery without
-headers, or with malformed ones or ones of another AMQP type, adds no link and no error.
+keeps the first ones, in delivery order, and says how many it left out in its ``links_dropped``
+attribute (namespace ``bulk_recorder``) beside ``messaging.batch.message_count``. A delivery
+without headers, or with malformed ones or ones of another AMQP type, adds no link, no error.
 
 Only a sampled flush span reads the headers: at a ratio of 0.01 the other 99 flushes cost one
 sampling decision. The flush's counts are set when it ends: rows inserted and ignored (already
 recorded), deliveries committed and refused by the database, write attempts and the reason the
-batch was cut. Its children are the statements (:func:`bulk_recorder.infra.tracing.
-watch_queries`), the settle, a bisection, a dead-letter publish and a release.
+batch was cut. Its children are the statements
+(:func:`bulk_recorder.infra.tracing.watch_queries`), the settle, a bisection, a dead-letter
+publish and a release.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ async def test_a_request_is_followed_from_the_api_to_the_flush_that_links_it(
     tx_parent, tx_trace, caller_span = _traceparent()
     job_parent, job_trace, _ = _traceparent()
     dead_parent, dead_trace, dead_span = _traceparent()
+    refused_parent, refused_trace, _ = _traceparent()
     try:
         await pipeline.start()
         async with httpx.AsyncClient(base_url=pipeline.api, timeout=60) as client:
@@ -86,6 +87,7 @@ async def test_a_request_is_followed_from_the_api_to_the_flush_that_links_it(
                 "/v1/transactions", json=tx, headers={"traceparent": tx_parent}
             )
             assert answer.status_code == 202, answer.text
+            await wait_for(lambda: _recorded(database_url, 1, 0), timeout=60)
             lines = "".join(json.dumps(gen.credit_annotation()) + "\n" for _ in range(JOB_LINES))
             answer = await client.post(
                 "/v1/credit-annotation-jobs",
@@ -93,9 +95,15 @@ async def test_a_request_is_followed_from_the_api_to_the_flush_that_links_it(
                 headers={"Content-Type": "application/x-ndjson", "traceparent": job_parent},
             )
             assert answer.status_code == 202, answer.text
-        # An invalid message in a trace of its own, and valid ones whose trace headers are of
-        # the wrong AMQP type or malformed: recorded, no link, no error.
+        # An invalid message in a trace of its own; a row the database refuses (its operation id
+        # is the transaction's) in a batch with valid ones whose trace headers are of the wrong
+        # AMQP type or malformed: those are recorded, with no link and no error.
         await broker.publish(b"{not json", "transaction", headers={"traceparent": dead_parent})
+        refused = gen.transaction()
+        refused["operations"][0]["id"] = tx["operations"][0]["id"]
+        await broker.publish(
+            json.dumps(refused).encode(), "transaction", None, {"traceparent": refused_parent}
+        )
         odd: list[dict[str, Any]] = [
             {"traceparent": bytearray(tx_parent.encode())},  # AMQP byte array
             {"traceparent": 7},
@@ -107,7 +115,8 @@ async def test_a_request_is_followed_from_the_api_to_the_flush_that_links_it(
                 json.dumps(gen.transaction()).encode(), "transaction", None, headers
             )
         await wait_for(lambda: _recorded(database_url, 1 + len(odd), JOB_LINES), timeout=120)
-        await wait_for(lambda: _dead_lettered(broker, 1))
+        # on its last delivery (RABBITMQ_DELIVERY_LIMIT 5) the refused row is dead-lettered too
+        await wait_for(lambda: _dead_lettered(broker, 2), timeout=60)
         codes = await pipeline.stop()  # a clean exit exports what the processors still hold
         assert codes == {"api": 0, "relay": 0, "consume": 0}, pipeline.logs()
     except BaseException:
@@ -162,9 +171,12 @@ async def test_a_request_is_followed_from_the_api_to_the_flush_that_links_it(
     dropped = sum(f.attributes["bulk_recorder.links_dropped"] for f in job_flushes)
     assert dropped > 0, "a full flush of 300 job lines is over the cap"
     assert len(linked) + dropped == JOB_LINES
-    # the odd headers linked nothing: every link of every flush is to a producer span we know
+    # the odd headers linked nothing: every link of every flush is to a producer span we know,
+    # or to the context the test published the refused row with
     producers = {(s.trace_id, s.span_id) for s in spans if s.kind == "PRODUCER"}
-    assert {link for f in flushes for link in f.links} <= producers
+    linked_all = {link for f in flushes for link in f.links}
+    assert {link for link in linked_all if link[0] != refused_trace} <= producers
+    assert len(linked_all - producers) == 1
 
     # the invalid message: its dead-letter publish, in its own trace, with the reason
     dead = _one(spans, trace_id=dead_trace)
@@ -172,6 +184,25 @@ async def test_a_request_is_followed_from_the_api_to_the_flush_that_links_it(
     assert dead.parent_id == dead_span
     assert dead.name == f"publish {broker.topology.exchange}.dlx"
     assert "JSON" in dead.attributes["bulk_recorder.dead_letter.reason"]
+
+    # the refused row: bisected out of its first batch, dead-lettered under its last flush
+    bisects = [s for s in spans if s.name == "bisect"]
+    assert bisects
+    assert {b.parent_id for b in bisects} & {f.span_id for f in flushes}
+    by_id = {s.span_id: s for s in spans}
+    refused_dead = [
+        s
+        for s in spans
+        if s.name == dead.name
+        and "database refused the row" in str(s.attributes.get("bulk_recorder.dead_letter.reason"))
+    ]
+    assert len(refused_dead) == 1
+    settle = by_id[refused_dead[0].parent_id]
+    assert settle.name == "settle"
+    last_flush = by_id[settle.parent_id]
+    assert last_flush.kind == "CONSUMER"
+    assert any(t == refused_trace for t, _ in last_flush.links)
+    assert last_flush.attributes["bulk_recorder.flush.refused"] == 1
 
     # a JSON log line written inside the job request's span carries its ids
     api_lines = [

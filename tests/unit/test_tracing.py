@@ -156,3 +156,40 @@ def test_json_log_lines_inside_a_span_carry_its_ids(monkeypatch: pytest.MonkeyPa
     context = span.get_span_context()
     assert inside["trace_id"] == f"{context.trace_id:032x}"
     assert inside["span_id"] == f"{context.span_id:016x}"
+
+
+# -- child spans ----------------------------------------------------------------------------------
+
+
+class _Releasable:
+    def __init__(self, ok: bool) -> None:
+        self.ok = ok
+
+    async def release(self) -> bool:
+        return self.ok
+
+
+async def test_a_release_under_a_flush_is_its_child_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from bulk_recorder.recorder.flusher import release_all
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    deliveries: list[Any] = [_Releasable(True), _Releasable(False), _Releasable(True)]
+    assert await release_all(deliveries) == 2  # off: no span at all
+    monkeypatch.setattr(tracing, "_tracer", tracer)
+    assert await release_all(deliveries) == 2  # on, but outside any span: none either
+    assert exporter.get_finished_spans() == ()
+    with tracer.start_as_current_span("flush") as flush:
+        assert await release_all(deliveries) == 2
+    release, parent = exporter.get_finished_spans()
+    assert parent.name == "flush"
+    assert release.name == "release"
+    assert release.parent is not None
+    assert release.parent.span_id == flush.get_span_context().span_id
+    assert release.attributes is not None
+    assert release.attributes["messaging.batch.message_count"] == 3

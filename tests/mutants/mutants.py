@@ -38,6 +38,7 @@ TLS = "TLS, proven"
 LEAST_PRIVILEGE = "Least privilege"
 NODE_LOSS = "Broker node loss"
 DB_FAILOVER = "Database failover"
+TRACED = "One record's trace is followed from the API to the commit"
 EXACT_AMOUNTS = "Amounts are exact"
 BAD_DATA = "Bad data never holds the batch"
 
@@ -58,6 +59,10 @@ T_WRITER_FAULTS = (
     "test_a_fault_at_a_flushs_last_statement_leaves_nothing_and_the_retry_is_exact"
 )
 T_EXACT = "tests/integration/test_exact_amounts.py::"
+T_TRACE = (
+    "tests/integration/test_tracing.py::"
+    "test_a_request_is_followed_from_the_api_to_the_flush_that_links_it"
+)
 
 SORTED_KEYS_TESTS = (
     T_BALANCES + "test_every_write_sends_its_keys_in_sorted_order",
@@ -592,6 +597,59 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/faults/test_lean_acks.py::"
             "test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="traceparent-not-in-the-message-headers",
+        path="bulk_recorder/producer/relay_batch.py",
+        old="        headers=headers,\n",
+        new="        headers=None,\n",
+        promise=TRACED,
+        tests=(T_TRACE,),
+    ),
+    Mutant(
+        name="outbox-trace-context-not-stored",
+        path="bulk_recorder/producer/outbox.py",
+        old="traceparent, tracestate = current_carrier()",
+        new="traceparent, tracestate = None, None",
+        promise=TRACED,
+        tests=(T_TRACE,),
+    ),
+    Mutant(
+        name="job-lines-trace-context-not-stored",
+        path="bulk_recorder/producer/job_staging.py",
+        old="await self._conn.execute(_PUBLISH, job_id, *current_carrier())",
+        new="await self._conn.execute(_PUBLISH, job_id, None, None)",
+        promise=TRACED,
+        tests=(T_TRACE,),
+    ),
+    Mutant(
+        name="flush-span-without-links",
+        path="bulk_recorder/recorder/flush_tracing.py",
+        old="            span.add_link(link.context)\n",
+        new="            pass\n",
+        promise=TRACED,
+        tests=(T_TRACE,),
+    ),
+    Mutant(
+        name="flush-links-uncapped",
+        path="bulk_recorder/infra/tracing.py",
+        old="        if len(links) < limit:\n",
+        new="        if True:\n",
+        promise=TRACED,
+        tests=("tests/unit/test_tracing.py::test_links_are_capped_and_the_rest_counted",),
+        fast=True,
+    ),
+    Mutant(
+        name="wrongly-typed-traceparent-extracted",
+        path="bulk_recorder/infra/tracing.py",
+        old="    if not isinstance(parent, str):\n        return None\n",
+        new="    if isinstance(parent, bytes | bytearray):\n        parent = parent.decode()\n",
+        promise=TRACED,
+        tests=(
+            "tests/unit/test_tracing.py::"
+            "test_missing_malformed_or_wrongly_typed_headers_give_no_context",
         ),
         fast=True,
     ),

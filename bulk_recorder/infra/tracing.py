@@ -87,7 +87,13 @@ def configure(settings: Settings, role: str) -> bool:
     )
     exporter = OTLPSpanExporter(endpoint=url, timeout=10)
     provider.add_span_processor(
-        BatchSpanProcessor(exporter, max_queue_size=8192, schedule_delay_millis=2000)
+        BatchSpanProcessor(
+            exporter,
+            max_queue_size=8192,  # spans waiting; past it the SDK drops (and counts) them
+            schedule_delay_millis=2000,
+            max_export_batch_size=512,
+            export_timeout_millis=30_000,
+        )
     )
     _provider = provider
     _tracer = provider.get_tracer("bulk_recorder", __version__)

@@ -62,8 +62,8 @@ def flush_span(
     )
     if span.is_recording():
         links, dropped = tracing.capped_links(iter(carriers))
-        for link in links:
-            span.add_link(link.context)
+        for context in links:
+            span.add_link(context)
         span.set_attribute("bulk_recorder.links", len(links))
         span.set_attribute("bulk_recorder.links_dropped", dropped)
     with trace.use_span(span, end_on_exit=True):

@@ -627,7 +627,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="flush-span-without-links",
         path="bulk_recorder/recorder/flush_tracing.py",
-        old="            span.add_link(link.context)\n",
+        old="            span.add_link(context)\n",
         new="            pass\n",
         promise=TRACED,
         tests=(T_TRACE,),

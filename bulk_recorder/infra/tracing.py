@@ -110,7 +110,7 @@ def configure(settings: Settings, role: str) -> bool:
     _tracer = provider.get_tracer("bulk_recorder", __version__)
     log.info(
         "tracing on: spans to %s, sampler %s%s",
-        url,
+        re.sub(r"//[^/@]*@", "//", url),  # never a password in a log line
         settings.otel_traces_sampler,
         f" ({_ratio(settings)})" if settings.otel_traces_sampler in _RATIO_SAMPLERS else "",
     )

@@ -15,9 +15,10 @@ from typing import Literal
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
+from bulk_recorder.otel_settings import OtelSettings
 
 # PostgreSQL's bind-parameter limit per statement (a 16-bit counter in the wire protocol).
 PG_MAX_PARAMETERS = 65_535
@@ -34,8 +35,8 @@ class SettingsError(BulkRecorderError, ValueError):
     exit_code = EXIT_SETTINGS
 
 
-class Settings(BaseSettings):
-    """Typed, validated view of the environment. Field ``foo_bar`` is variable ``FOO_BAR``."""
+class Settings(OtelSettings):
+    """Typed view of the environment: field ``foo_bar`` is ``FOO_BAR`` (``OTEL_*``: the base)."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
 

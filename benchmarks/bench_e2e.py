@@ -15,6 +15,13 @@ same window the CPU of the recorder process and of the PostgreSQL backends servi
 database are read from /proc. Every recorder run gets a fresh database, checked afterwards to
 hold exactly the records published.
 
+``--tracing`` measures the cost of OpenTelemetry traces instead: transactions, each message with
+a ``traceparent`` header of its own (as the relay publishes them), drained by the bulk recorder
+with tracing off, on at ratio 0.01 (``parentbased_traceidratio``) and on at 1.0, exporting over
+OTLP/HTTP to a local receiver (``benchmarks/support/otlp_sink.py``), side by side in each round:
+
+    python -m benchmarks.bench_e2e --tracing --count 20000 --runs 3
+
 ``--db-latency-ms 1`` runs the recorder modes again with its database behind
 ``benchmarks/delay_proxy.py`` (the added round trip is measured and printed); the raw limits do
 not touch the database and are not repeated.
@@ -79,10 +86,11 @@ async def run_recorder(
     config: RecorderConfig,
     proxy_port: int | None,
     src: Path | None = None,
+    traced: bool = False,
 ) -> tuple[float, float, float, float]:
     """Fill, drain with the recorder; (msg/s, recorder us/msg, PG ms per 1k, mean flush)."""
     async with temp_topology("bench_e2e") as topology, temp_database("bench_e2e") as (dsn, name):
-        await fill(topology, count, record_type)
+        await fill(topology, count, record_type, traced=traced)
         recorder_dsn = with_port(dsn, proxy_port) if proxy_port else dsn
         recorder = RecorderProcess(recorder_dsn, topology, config, src=src)
         try:
@@ -105,6 +113,90 @@ async def run_recorder(
         )
 
 
+TRACING = {
+    "tracing off": {},
+    "tracing on, ratio 0.01": {
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    },
+    "tracing on, ratio 1.0": {
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "1.0",
+    },
+}
+
+
+async def run_tracing(args: argparse.Namespace) -> None:
+    """Tracing off / 0.01 / 1.0, side by side in each round, on the same traced messages."""
+    from benchmarks.support.otlp_sink import OtlpSink
+
+    sink = OtlpSink()
+    figures: dict[str, Figures] = {}
+    spans: dict[str, list[int]] = {}
+    try:
+        for run in range(args.runs):
+            modes = list(TRACING)
+            shift = run % len(modes)
+            for mode in modes[shift:] + modes[:shift]:
+                progress(f"run {run + 1}/{args.runs}: transactions, {mode}, {args.count:,}")
+                env = dict(TRACING[mode])
+                if env:
+                    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = sink.endpoint
+                config = RecorderConfig(
+                    args.workers, args.prefetch, args.size, args.timeout_ms, True, env
+                )
+                rate, us, pg, flush = await run_recorder(
+                    "transaction", args.count, config, None, traced=True
+                )
+                fig = figures.setdefault(mode, Figures())
+                fig.rate.add(rate)
+                fig.recorder_us.add(us)
+                fig.pg_ms_per_1k.add(pg)
+                fig.flush_mean.add(flush)
+                spans.setdefault(mode, []).append(sink.take_spans())
+    finally:
+        sink.close()
+    off = figures["tracing off"]
+    rows = [
+        (
+            mode,
+            fig.rate.fmt(),
+            ratio(fig.rate, off.rate).fmt(3, "x"),
+            fig.recorder_us.fmt(1),
+            fig.pg_ms_per_1k.fmt(0),
+            fig.flush_mean.fmt(0),
+            "/".join(f"{n:,}" for n in spans[mode]),
+        )
+        for mode, fig in figures.items()
+    ]
+    emit(
+        f"Tracing cost: transactions, {args.count:,} traced messages a run, bulk recorder, "
+        f"median (min-max) of {args.runs} runs, modes rotated each round",
+        table(
+            [
+                "mode",
+                "msg/s",
+                "vs off",
+                "recorder CPU us/msg",
+                "PG CPU ms / 1k records",
+                "mean flush size",
+                "spans exported (each run)",
+            ],
+            rows,
+        ),
+    )
+    save_json(
+        args.json,
+        {
+            "settings": vars(args),
+            "results": [
+                {"mode": m, "rate": f.rate.values, "cpu_us": f.recorder_us.values}
+                for m, f in figures.items()
+            ],
+        },
+    )
+
+
 async def run_raw(record_type: str, count: int, kind: str, prefetch: int) -> tuple[float, float]:
     async with temp_topology("bench_e2e") as topology:
         await fill(topology, count, record_type)
@@ -115,6 +207,9 @@ async def run_raw(record_type: str, count: int, kind: str, prefetch: int) -> tup
 async def main_async(args: argparse.Namespace) -> None:
     facts = await machine_facts()
     emit("Machine", facts_table(facts))
+    if args.tracing:
+        await run_tracing(args)
+        return
     bulk = RecorderConfig(args.workers, args.prefetch, args.size, args.timeout_ms, bulk=True)
     single = RecorderConfig(args.workers, args.prefetch, args.size, args.timeout_ms, bulk=False)
     qos = bulk.channel_prefetch
@@ -321,6 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
         "in the same rounds",
     )
     parser.add_argument("--json", help="write raw results here (for the charts)")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="measure OpenTelemetry tracing instead: off, ratio 0.01, ratio 1.0 (transactions)",
+    )
     return parser
 
 

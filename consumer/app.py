@@ -177,6 +177,7 @@ class Recorder:
                 on_outage=self._on_outage,
                 on_release=self._on_release,
                 ack_many=ack_each,
+                queue=s.rabbitmq_queue,
             )
             self._flush_pool.start(self._flusher)
             tasks.start("broker-loop", partial(self._consuming.run, stop))

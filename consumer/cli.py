@@ -19,6 +19,7 @@ from bulk_recorder.exceptions import (
     EXIT_UNREACHABLE,
     BulkRecorderError,
 )
+from bulk_recorder.infra import tracing
 from bulk_recorder.infra.logs import setup_logging
 from bulk_recorder.infra.reach import Unreachable, check_services, check_tls
 from consumer import api_keys, healthcheck
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 # The exit codes (docs/reference.md); each error class carries its own (bulk_recorder.exceptions).
 __all__ = ["EXIT_SETTINGS", "EXIT_TOPOLOGY", "EXIT_UNREACHABLE", "main"]
+
+# The commands that export traces when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set.
+TRACED_ROLES = ("consume", "relay", "api")
 
 # What each one-shot command must reach before it starts; long-running commands retry instead.
 ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
@@ -288,8 +292,12 @@ def _run(args: argparse.Namespace) -> int:
                 rabbitmq_url=settings.rabbitmq_url if "broker" in needs else None,
             )
         )
+    role_settings = settings.for_role(args.command)
+    # The long-running roles trace when an OTLP endpoint is set; the provider is built here,
+    # from the settings, and flushed at the end (a clean exit or an error).
+    traced = args.command in TRACED_ROLES and tracing.configure(role_settings, args.command)
     try:
-        return COMMANDS[args.command](settings.for_role(args.command), args)
+        return COMMANDS[args.command](role_settings, args)
     except BulkRecorderError:
         raise
     except Exception as exc:  # a driver's: a service refused or dropped a one-shot command
@@ -297,6 +305,9 @@ def _run(args: argparse.Namespace) -> int:
         if line is None:
             raise
         raise Unreachable(line) from exc
+    finally:
+        if traced:
+            tracing.shutdown()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -45,8 +45,11 @@ from time import monotonic
 from typing import Any
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 from pamqp import commands as spec
 
+from bulk_recorder.infra import tracing
 from bulk_recorder.infra.aiormq_internals import write_acks
 from bulk_recorder.infra.backoff import RETRY, Backoff
 from bulk_recorder.infra.broker import cancel_requested
@@ -153,13 +156,17 @@ class DeadLetterer:
         headers[ERROR_HEADER] = reason[:500]
         headers[DEAD_LETTERED_AT_HEADER] = _now()
         routing_key = _text(headers[ORIGINAL_ROUTING_KEY_HEADER]) or "unknown"
-        return await self._publisher.publish(
-            message.body,
-            _properties(message, headers),
-            exchange=self._dead_letter_exchange,
-            routing_key=routing_key,
-            wanted=wanted,
-        )
+        with dead_letter_span(self._dead_letter_exchange, message, reason) as span:
+            failure = await self._publisher.publish(
+                message.body,
+                _properties(message, headers),
+                exchange=self._dead_letter_exchange,
+                routing_key=routing_key,
+                wanted=wanted,
+            )
+            if span is not None and failure is not None:
+                span.set_status(Status(StatusCode.ERROR, failure[:200]))
+        return failure
 
     async def requeue(self, message: DeliveredMessage, wanted: Callable[[], bool]) -> str | None:
         """Publish a copy back to the queue; None once routed and confirmed, else why not."""
@@ -174,6 +181,37 @@ class DeadLetterer:
             routing_key=self._queue,
             wanted=wanted,
         )
+
+
+@contextlib.contextmanager
+def dead_letter_span(
+    exchange: str, message: DeliveredMessage, reason: str
+) -> Iterator[trace.Span | None]:
+    """The PRODUCER span of one dead-letter publish (tracing on), with the reason: a child of
+    the flush span when the database refused the row, else of the message's own trace context
+    (an invalid message, dead-lettered on arrival), or a new root without one."""
+    if not tracing.active():
+        yield None
+        return
+    parent = None
+    if not trace.get_current_span().is_recording():
+        headers = message.header.properties.headers
+        span_context = tracing.span_context_of(headers)
+        if span_context is not None:
+            parent = trace.set_span_in_context(trace.NonRecordingSpan(span_context))
+    with tracing.tracer().start_as_current_span(
+        f"publish {exchange}",
+        context=parent,
+        kind=trace.SpanKind.PRODUCER,
+        attributes={
+            "messaging.system": "rabbitmq",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "dead-letter",
+            "messaging.destination.name": exchange,
+            "bulk_recorder.dead_letter.reason": reason[:500],
+        },
+    ) as span:
+        yield span
 
 
 def _origin(message: DeliveredMessage) -> dict[str, Any]:
@@ -230,6 +268,12 @@ class AmqpDelivery:
     @property
     def channel(self) -> AbstractChannel:
         return self._channel
+
+    @property
+    def trace_headers(self) -> dict[str, Any] | None:
+        """The message's headers, where a flush span finds its trace context (never checked
+        here: any type may be there)."""
+        return self._message.header.properties.headers
 
     def alive(self) -> bool:
         return not self._channel.is_closed

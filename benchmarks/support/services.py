@@ -97,12 +97,20 @@ async def ready_count(queue: str) -> int:
 
 
 async def fill(
-    topology: Topology, count: int, record_type: str = "transaction", *, ready: int = 0
+    topology: Topology,
+    count: int,
+    record_type: str = "transaction",
+    *,
+    ready: int = 0,
+    traced: bool = False,
 ) -> LoadReport:
     """Pre-fill the queue with ``count`` valid records (loadgen, publisher confirms); wait
-    until ``ready`` (default ``count``) messages are in the queue."""
+    until ``ready`` (default ``count``) messages are in the queue. ``traced``: each message
+    carries a ``traceparent`` header of its own."""
     report = await publish_load(
-        rabbitmq_url(), topology.exchange, LoadSpec(record_type=record_type, count=count)
+        rabbitmq_url(),
+        topology.exchange,
+        LoadSpec(record_type=record_type, count=count, traced=traced),
     )
     await wait_visible(topology.queue, ready or count)
     return report

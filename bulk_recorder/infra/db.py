@@ -11,7 +11,7 @@ import logging
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from bulk_recorder.infra import pg_hosts
+from bulk_recorder.infra import pg_hosts, tracing
 from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import endpoint
 from bulk_recorder.infra.errors import DB_ERRORS
@@ -78,6 +78,8 @@ async def open_pool_when_ready(
                 reset=None if session_reset else keep_session,
                 connect=pg_hosts.connect,
                 server_settings=CUSTOM_PLANS if custom_plans else None,
+                # traced: each statement run inside a recorded span becomes a child span
+                init=tracing.watch_queries if tracing.active() else None,
             )
         except MigrationRefused as exc:  # the owner's migrate may be on its way: wait for it
             log.warning("%s; retrying", exc)

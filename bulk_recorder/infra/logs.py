@@ -8,9 +8,12 @@ import logging.config
 from datetime import UTC, datetime
 from typing import Any
 
+from bulk_recorder.infra.tracing import current_ids
+
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, and the traceback if any."""
+    """One JSON object a line: time, level, logger, message, the traceback if any, and the
+    ``trace_id`` and ``span_id`` (hex) of the span it was written in, when tracing is on."""
 
     def format(self, record: logging.LogRecord) -> str:
         payload: dict[str, Any] = {
@@ -19,6 +22,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        ids = current_ids()
+        if ids is not None:
+            payload["trace_id"], payload["span_id"] = ids
         if record.exc_info:
             payload["exc_info"] = self.formatException(record.exc_info)
         return json.dumps(payload, ensure_ascii=False)

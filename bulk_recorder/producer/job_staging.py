@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from bulk_recorder.infra.db import Connection
+from bulk_recorder.infra.tracing import current_carrier
 from bulk_recorder.producer.ingest import OutboxRow
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,9 @@ CREATE TEMPORARY TABLE {STAGING_TABLE} (record_id uuid NOT NULL, body bytea NOT 
 # A temporary table is in local buffers and scanned from its first block (synchronized scans
 # are for shared tables only), so the outbox ids follow the upload's line order.
 _PUBLISH = f"""
-INSERT INTO outbox (record_type, record_id, job_id, body)
-SELECT 'credit_annotation', record_id, $1::uuid, body FROM pg_temp.{STAGING_TABLE}
+INSERT INTO outbox (record_type, record_id, job_id, body, traceparent, tracestate)
+SELECT 'credit_annotation', record_id, $1::uuid, body, $2::text, $3::text
+FROM pg_temp.{STAGING_TABLE}
 """
 _DROP = f"DROP TABLE IF EXISTS pg_temp.{STAGING_TABLE}"
 
@@ -87,7 +89,8 @@ class JobStaging:
         transaction: the rows become visible to the relay at its commit, all together."""
         if self._copying is not None or not self._conn.is_in_transaction():
             raise RuntimeError("publish() comes after flush(), in the job's transaction")
-        await self._conn.execute(_PUBLISH, job_id)
+        # every line keeps the trace context of the request that uploaded the job
+        await self._conn.execute(_PUBLISH, job_id, *current_carrier())
         await self._conn.execute(_DROP)
 
     async def discard(self) -> None:

@@ -22,6 +22,7 @@ from bulk_recorder.infra.broker import cancel_requested
 from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.tracing import current_carrier
 from bulk_recorder.infra.waits import wait_or_stop
 
 log = logging.getLogger(__name__)
@@ -51,14 +52,18 @@ async def enqueue(
     *,
     job_id: str | None = None,
 ) -> int:
-    """Insert one outbox row in the caller's transaction; returns its id."""
+    """Insert one outbox row in the caller's transaction; returns its id. The row keeps the
+    current span's trace context (none when tracing is off)."""
+    traceparent, tracestate = current_carrier()
     row_id = await conn.fetchval(
-        "INSERT INTO outbox (record_type, record_id, job_id, body) VALUES ($1, $2, $3, $4)"
-        " RETURNING id",
+        "INSERT INTO outbox (record_type, record_id, job_id, body, traceparent, tracestate)"
+        " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
         record_type,
         record_id,
         job_id,
         body,
+        traceparent,
+        tracestate,
     )
     return int(row_id)
 

@@ -17,6 +17,7 @@ import asyncpg
 from aiormq.abc import AbstractChannel
 
 from bulk_recorder.exceptions import BulkRecorderError
+from bulk_recorder.infra import tracing
 from bulk_recorder.infra.aiormq_internals import write_publishes
 from bulk_recorder.infra.broker import (
     broker_failures_suppressed,
@@ -25,6 +26,7 @@ from bulk_recorder.infra.broker import (
 from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.outbox import stamp_published
+from bulk_recorder.producer.relay_tracing import NO_SPANS, Headers, PublishSpans, Spans
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ CLAIM_WINDOW = 4  # ids a claim looks at: this many batches for every lane
 # relayed at 1,500 rows/s (benchmarks/RESULTS.md, section 10). min(id) walks the pending index
 # from its start, past the rows refused for now (few).
 CLAIM = """
-SELECT id, record_type, job_id, body, attempts
+SELECT id, record_type, job_id, body, attempts, traceparent, tracestate
 FROM outbox
 WHERE parked_at IS NULL AND available_at <= now()
   AND id >= (SELECT min(id) FROM outbox WHERE parked_at IS NULL AND available_at <= now())
@@ -72,14 +74,15 @@ WHERE j.id = u.id
 """
 
 
-def _properties(record_type: str) -> aiormq.spec.Basic.Properties:
+def _properties(record_type: str, headers: Headers) -> aiormq.spec.Basic.Properties:
     """A new object for every publish: aiormq and write_publishes write a fresh message_id into
-    it, by which a basic.return is matched with its publish."""
+    it, by which a basic.return is matched with its publish. ``headers``: the trace context."""
     return aiormq.spec.Basic.Properties(
         content_type="application/json",
         delivery_mode=2,
         message_type=record_type,
         app_id=APP_ID,
+        headers=headers,
     )
 
 
@@ -131,18 +134,25 @@ class BatchSender:
         alone_ids = {r["id"] for r in alone}
         together = [r for r in rows if r["id"] not in alone_ids]
         outcomes: dict[int, BaseException | None] = {}
-        if alone:
-            outcomes.update(await self._publish_alone(channel.connection, alone))
-        results = await self._publish_together(channel, together)
-        for row, outcome in zip(together, results, strict=True):
-            outcomes[row["id"]] = outcome
+        spans = PublishSpans(self.exchange, rows) if tracing.active() else NO_SPANS
+        try:
+            if alone:
+                outcomes.update(await self._publish_alone(channel.connection, alone, spans))
+            results = await self._publish_together(channel, together, spans)
+            for row, outcome in zip(together, results, strict=True):
+                outcomes[row["id"]] = outcome
+        finally:
+            spans.end(outcomes)
         self._suspect([r["id"] for r in together if _closed_by_broker(outcomes[r["id"]])])
         result = await self._settle(conn, rows, [outcomes[r["id"]] for r in rows])
         self.suspects.difference_update(r["id"] for r in rows if _settled(outcomes[r["id"]]))
         return result
 
     async def _publish_alone(
-        self, connection: aiormq.abc.AbstractConnection, rows: Sequence[asyncpg.Record]
+        self,
+        connection: aiormq.abc.AbstractConnection,
+        rows: Sequence[asyncpg.Record],
+        spans: Spans,
     ) -> dict[int, BaseException | None]:
         """Publish each row on its own, awaiting its confirm, on a channel of its own.
 
@@ -158,7 +168,8 @@ class BatchSender:
                 try:
                     if channel is None or channel.is_closed:
                         channel = await _open_channel(connection, self.config.publish_timeout_s)
-                    await self._publish(channel, row["record_type"], row["body"])
+                    headers = spans.headers(row["id"])
+                    await self._publish(channel, row["record_type"], row["body"], headers)
                 except aiormq.exceptions.DeliveryError as exc:  # nacked or returned: an outage
                     failure = exc
                     break
@@ -196,15 +207,17 @@ class BatchSender:
         )
 
     async def _publish_together(
-        self, channel: AbstractChannel, rows: Sequence[asyncpg.Record]
+        self, channel: AbstractChannel, rows: Sequence[asyncpg.Record], spans: Spans
     ) -> list[BaseException | None]:
         """Publish the rows in one write and wait for every confirm (publish_timeout_s at
         most); each row's outcome as ``_publish`` would raise it, None when confirmed."""
         if not rows:
             return []
+        # each message carries its producer span's context (tracing on)
+        props = [_properties(r["record_type"], spans.headers(r["id"])) for r in rows]
         messages = [
-            (self.exchange, row["record_type"], _properties(row["record_type"]), row["body"])
-            for row in rows
+            (self.exchange, r["record_type"], p, r["body"])
+            for r, p in zip(rows, props, strict=True)
         ]
         try:
             # Bounded: a connection that dies while its write queue is full never makes room.
@@ -232,10 +245,12 @@ class BatchSender:
                 outcomes.append(None)
         return outcomes
 
-    async def _publish(self, channel: AbstractChannel, record_type: str, body: bytes) -> None:
+    async def _publish(
+        self, channel: AbstractChannel, record_type: str, body: bytes, headers: Headers
+    ) -> None:
         # A new Properties object each time: aiormq writes a random message_id into it, which
         # it uses to match a basic.return with its publish.
-        properties = _properties(record_type)
+        properties = _properties(record_type, headers)
         confirmation = await channel.basic_publish(
             body,
             exchange=self.exchange,

@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from bulk_recorder.exceptions import BulkRecorderError
+from bulk_recorder.infra import tracing
 from bulk_recorder.infra.backoff import Backoff
 from bulk_recorder.infra.errors import DataRejected, TransientDbError
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.recorder.flush_tracing import flush_span
 from bulk_recorder.recorder.writer import Writer, WriteResult
 from bulk_recorder.records import Record
 
@@ -84,18 +86,21 @@ async def release_all(
     one after another they would take ~1 ms each). Returns how many were released; the rest
     belonged to a closed channel. With ``metrics``, the hold of each one released is observed."""
     released = 0
-    for start in range(0, len(deliveries), window):
-        chunk = deliveries[start : start + window]
-        done = await asyncio.gather(*(d.release() for d in chunk))
-        released += sum(done)
-        if metrics is not None:
-            observe_settled(
-                metrics, [d for d, ok in zip(chunk, done, strict=True) if ok], "released"
-            )
-            if not all(done):
+    with tracing.child_span("release", **{"messaging.batch.message_count": len(deliveries)}):
+        for start in range(0, len(deliveries), window):
+            chunk = deliveries[start : start + window]
+            done = await asyncio.gather(*(d.release() for d in chunk))
+            released += sum(done)
+            if metrics is not None:
                 observe_settled(
-                    metrics, [d for d, ok in zip(chunk, done, strict=True) if not ok], "dropped"
+                    metrics, [d for d, ok in zip(chunk, done, strict=True) if ok], "released"
                 )
+                if not all(done):
+                    observe_settled(
+                        metrics,
+                        [d for d, ok in zip(chunk, done, strict=True) if not ok],
+                        "dropped",
+                    )
     return released
 
 
@@ -147,6 +152,10 @@ class Released(BulkRecorderError):
 class _Outcome:
     committed: list[Pending] = field(default_factory=list)
     poison: list[tuple[Pending, str]] = field(default_factory=list)
+    released: list[Pending] = field(default_factory=list)
+    inserted: int = 0  # rows, every table
+    ignored: int = 0  # rows already recorded
+    attempts: int = 0  # writes tried (a bisection and outage retries add to it)
 
 
 class Flusher:
@@ -161,6 +170,7 @@ class Flusher:
         on_outage: Callable[[bool], None] | None = None,
         on_release: Callable[[], Awaitable[None]] | None = None,
         ack_many: AckMany | None = None,
+        queue: str = "",
     ) -> None:
         self._writer = writer
         self._metrics = metrics
@@ -170,6 +180,7 @@ class Flusher:
         self._on_outage = on_outage
         self._on_release = on_release
         self._ack_many = ack_many
+        self._queue = queue  # the flush span's messaging.destination.name
         self._outage_since: float | None = None
         self._stop_retrying = asyncio.Event()
         self._held: set[asyncio.Task[None]] = set()
@@ -189,7 +200,19 @@ class Flusher:
             await asyncio.gather(*self._held, return_exceptions=True)
 
     async def process(self, batch: list[Pending], reason: str) -> None:
-        """Write one batch and settle every delivery in it. Never raises for data or outages."""
+        """Write one batch and settle every delivery in it. Never raises for data or outages.
+        Traced: in a flush span linked to the deliveries' contexts (flush_tracing)."""
+        if not tracing.active():
+            await self._process(batch, reason)
+            return
+        carriers = (getattr(p.delivery, "trace_headers", None) for p in batch)
+        with flush_span(self._queue, reason, len(batch), carriers) as counts:
+            outcome = await self._process(batch, reason)
+            counts.committed, counts.refused = len(outcome.committed), len(outcome.poison)
+            counts.released, counts.attempts = len(outcome.released), outcome.attempts
+            counts.inserted, counts.ignored = outcome.inserted, outcome.ignored
+
+    async def _process(self, batch: list[Pending], reason: str) -> _Outcome:
         metrics = self._metrics
         metrics.flushes.labels(reason=reason).inc()
         metrics.flush_size.observe(len(batch))
@@ -198,22 +221,23 @@ class Flusher:
             self._dropped(len(batch) - len(live))
             metrics.buffer_messages.dec(len(batch) - len(live))
         outcome = _Outcome()
-        released: list[Pending] = []
         started = time.perf_counter()
         try:
             if live:
                 await self._isolate(live, outcome)
         except Released:
             settled = {id(p) for p in outcome.committed} | {id(p) for p, _ in outcome.poison}
-            released = [p for p in live if id(p) not in settled]
-        await asyncio.shield(self._settle(outcome, released))
+            outcome.released = [p for p in live if id(p) not in settled]
+        with tracing.child_span("settle", **{"messaging.batch.message_count": len(live)}):
+            await asyncio.shield(self._settle(outcome, outcome.released))
         metrics.flush_duration.observe(time.perf_counter() - started)
-        if released and self._on_release is not None:
+        if outcome.released and self._on_release is not None:
             await self._on_release()
+        return outcome
 
     async def _isolate(self, items: list[Pending], outcome: _Outcome) -> None:
         try:
-            result = await self._write_with_retry([p.record for p in items])
+            result = await self._write_with_retry([p.record for p in items], outcome)
         except DataRejected as exc:
             if len(items) == 1:
                 log.warning("row %s refused by PostgreSQL: %s", items[0].record.id, exc.reason)
@@ -221,15 +245,17 @@ class Flusher:
                 return
             self._metrics.fallback.inc()
             mid = len(items) // 2
-            await self._isolate(items[:mid], outcome)
-            await self._isolate(items[mid:], outcome)
+            with tracing.child_span("bisect", **{"messaging.batch.message_count": len(items)}):
+                await self._isolate(items[:mid], outcome)
+                await self._isolate(items[mid:], outcome)
             return
-        self._count_rows(result)
+        self._count_rows(result, outcome)
         outcome.committed.extend(items)
 
-    async def _write_with_retry(self, records: Sequence[Record]) -> WriteResult:
+    async def _write_with_retry(self, records: Sequence[Record], outcome: _Outcome) -> WriteResult:
         attempt = 0
         while True:
+            outcome.attempts += 1
             try:
                 result = await self._writer.write(records)
             except TransientDbError as exc:
@@ -340,9 +366,11 @@ class Flusher:
             count,
         )
 
-    def _count_rows(self, result: WriteResult) -> None:
+    def _count_rows(self, result: WriteResult, outcome: _Outcome) -> None:
         metrics = self._metrics
         for table, counts in result.tables.items():
+            outcome.inserted += counts.inserted
+            outcome.ignored += counts.ignored
             metrics.rows_attempted.labels(table=table).inc(counts.attempted)
             metrics.rows_inserted.labels(table=table).inc(counts.inserted)
             metrics.rows_ignored.labels(table=table).inc(counts.ignored)

@@ -29,6 +29,7 @@ class LoadSpec:
     invalid: float = 0.0
     in_flight: int = 1000
     seed: int | None = None
+    traced: bool = False  # each message carries a traceparent header of its own (benchmarks)
 
     @property
     def duplicate_count(self) -> int:
@@ -119,12 +120,16 @@ def _tally(report: LoadReport, msg: OutMessage) -> None:
 PUBLISH_BATCH = 100  # messages a write: a tenth of the default window in flight
 
 
-def _properties(msg: OutMessage) -> aiormq.spec.Basic.Properties:
+def _properties(msg: OutMessage, traced: bool = False) -> aiormq.spec.Basic.Properties:
+    headers: dict[str, aiormq.abc.FieldValue] | None = None
+    if traced:  # a sampled context, as a relay's producer span would have put there
+        headers = {"traceparent": f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"}
     return aiormq.spec.Basic.Properties(
         content_type="application/json",
         message_type=msg.type,
         message_id=msg.record_id,
         delivery_mode=2,
+        headers=headers,
     )
 
 
@@ -184,7 +189,8 @@ async def publish_load(
         started = time.perf_counter()
         batch: list[tuple[str, str, aiormq.spec.Basic.Properties, bytes]] = []
         for msg in plan(spec, gen):
-            batch.append((exchange_name, msg.type or "untyped", _properties(msg), msg.body))
+            properties = _properties(msg, spec.traced)
+            batch.append((exchange_name, msg.type or "untyped", properties, msg.body))
             _tally(report, msg)
             if len(batch) == PUBLISH_BATCH:
                 await confirms.slots.acquire()

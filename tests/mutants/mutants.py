@@ -73,6 +73,12 @@ MEASURED = "The two numbers are measured"
 
 SPEC = "The OpenAPI document says what the API accepts"
 
+TRACED = "One record's trace is followed from the API to the commit"
+T_TRACE = (
+    "tests/integration/test_tracing.py::"
+    "test_a_request_is_followed_from_the_api_to_the_flush_that_links_it"
+)
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="ack-before-commit",
@@ -804,5 +810,58 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/unit/test_published_schema.py::"
             "test_a_job_the_document_allows_is_accepted_line_by_line",
         ),
+    ),
+    Mutant(
+        name="traceparent-not-in-the-message-headers",
+        path="bulk_recorder/producer/relay_batch.py",
+        old="        headers=headers,\n",
+        new="        headers=None,\n",
+        promise=TRACED,
+        tests=(T_TRACE,),
+    ),
+    Mutant(
+        name="outbox-trace-context-not-stored",
+        path="bulk_recorder/producer/outbox.py",
+        old="traceparent, tracestate = current_carrier()",
+        new="traceparent, tracestate = None, None",
+        promise=TRACED,
+        tests=(T_TRACE,),
+    ),
+    Mutant(
+        name="job-lines-trace-context-not-stored",
+        path="bulk_recorder/producer/job_staging.py",
+        old="await self._conn.execute(_PUBLISH, job_id, *current_carrier())",
+        new="await self._conn.execute(_PUBLISH, job_id, None, None)",
+        promise=TRACED,
+        tests=(T_TRACE,),
+    ),
+    Mutant(
+        name="flush-span-without-links",
+        path="bulk_recorder/recorder/flush_tracing.py",
+        old="            span.add_link(context)\n",
+        new="            pass\n",
+        promise=TRACED,
+        tests=(T_TRACE,),
+    ),
+    Mutant(
+        name="flush-links-uncapped",
+        path="bulk_recorder/infra/tracing.py",
+        old="        if len(links) < limit:\n",
+        new="        if True:\n",
+        promise=TRACED,
+        tests=("tests/unit/test_tracing.py::test_links_are_capped_and_the_rest_counted",),
+        fast=True,
+    ),
+    Mutant(
+        name="wrongly-typed-traceparent-extracted",
+        path="bulk_recorder/infra/tracing.py",
+        old="    if not isinstance(parent, str):\n        return None\n",
+        new="    if isinstance(parent, bytes | bytearray):\n        parent = parent.decode()\n",
+        promise=TRACED,
+        tests=(
+            "tests/unit/test_tracing.py::"
+            "test_missing_malformed_or_wrongly_typed_headers_give_no_context",
+        ),
+        fast=True,
     ),
 )

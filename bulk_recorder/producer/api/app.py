@@ -38,6 +38,7 @@ from typing import Any, Final
 import msgspec
 from fastapi import FastAPI
 
+from bulk_recorder.infra import tracing
 from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.api_docs import serve_docs_offline
@@ -51,6 +52,7 @@ from bulk_recorder.producer.api.routes import (
     add_operation_routes,
     add_transaction_routes,
 )
+from bulk_recorder.producer.api.server_spans import ServerSpans
 from bulk_recorder.records import published
 from bulk_recorder.records.contract import DEFAULT_MAX_BODY_BYTES
 from bulk_recorder.records.schema import CreditAnnotationIn, TransactionIn
@@ -144,6 +146,8 @@ def create_app(
     app.max_line_bytes = settings.bulk_recorder_max_message_bytes
     serve_docs_offline(app)
     app.add_middleware(MetricsMiddleware, metrics=ctx.metrics)
+    if tracing.active():  # outermost: the span covers authentication and the metrics too
+        app.add_middleware(ServerSpans)
     install(
         app, Authenticator(on=settings.api_auth == "on", metrics=ctx.metrics, db=lambda: ctx.db)
     )

@@ -13,11 +13,14 @@ The rigs block; call their slow methods through ``asyncio.to_thread`` from async
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import aio_pika
 import pytest
 
+from consumer.topology import Topology, delete_topology
 from tests.faults.conftest import recorders  # noqa: F401  (real service processes)
 from tests.rigs import postgres_cluster, rabbitmq_node
 from tests.rigs.postgres_cluster import PgCluster
@@ -71,6 +74,21 @@ def rabbit_cluster(rabbit_cluster_module: RabbitCluster) -> RabbitCluster:
         if not node.running:
             rabbit_cluster_module.restart(node)
     return rabbit_cluster_module
+
+
+@pytest.fixture
+async def cluster_topology(rabbit_cluster: RabbitCluster) -> AsyncIterator[Topology]:
+    """Unique exchange and queue names on the cluster; deleted afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    topo = Topology(exchange=f"brha.{suffix}", queue=f"brha.{suffix}.records", delivery_limit=5)
+    yield topo
+    node = rabbit_cluster.running_nodes()[0]
+    connection = await aio_pika.connect(node.url, timeout=30)
+    try:
+        left = await delete_topology(connection, topo)
+    finally:
+        await connection.close()
+    assert not left, f"test topology left on the cluster: {left}"
 
 
 PgClusterFactory = Callable[..., PgCluster]

@@ -22,53 +22,30 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 
-import aio_pika
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import copy_to_outbox, notify
 from consumer.tools.generator import Generator
 from consumer.tools.loadgen import LoadReport, LoadSpec, publish_load
-from consumer.topology import Topology, delete_topology
+from consumer.topology import Topology
 from tests.cluster.failover_support import (
     OUTBOX,
     CommitWatch,
     cluster_settings,
     last_node_port,
     merge,
+    open_broker,
     recovery_line,
 )
-from tests.conftest import Broker, wait_for
+from tests.conftest import wait_for
 from tests.faults.audit import audit_run, wait_for_rows, wait_until_settled
 from tests.faults.conftest import RELAY
 from tests.rigs.rabbitmq_cluster import RabbitCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-async def cluster_topology(rabbit_cluster: RabbitCluster) -> AsyncIterator[Topology]:
-    suffix = uuid.uuid4().hex[:10]
-    topo = Topology(exchange=f"brha.{suffix}", queue=f"brha.{suffix}.records", delivery_limit=5)
-    yield topo
-    node = rabbit_cluster.running_nodes()[0]
-    connection = await aio_pika.connect(node.url, timeout=30)
-    try:
-        left = await delete_topology(connection, topo)
-    finally:
-        await connection.close()
-    assert not left, f"test topology left on the cluster: {left}"
-
-
-async def open_broker(cluster: RabbitCluster, topo: Topology) -> Broker:
-    """The test's own broker helper, on a node that is running now (declares the topology)."""
-    broker = Broker(cluster.running_nodes()[0].url, topo)
-    await broker.open()
-    return broker
 
 
 PER_RUN = 8_000  # valid records of each run

@@ -129,3 +129,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.when == "call":
         item.rep_call = report  # type: ignore[attr-defined]
+
+
+# The reports of the all-faults runs (test_all_faults.py), shown again in pytest's summary, so
+# that `make test` and `make soak-cluster` print them even when the tests pass.
+SOAK_REPORTS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if SOAK_REPORTS:
+        terminalreporter.section("all-faults runs")
+        for report in SOAK_REPORTS:
+            terminalreporter.write_line(report)

@@ -44,6 +44,7 @@ class Plan:
     heartbeat_grace: float  # aiormq's grace: a broker hold lasts longer than this
     db_command_timeout: float  # BULK_RECORDER_DB_COMMAND_TIMEOUT_S: a db hold lasts longer
     per_minute: float = 0.0  # 0: exactly one fault of each kind (the short run)
+    node_restart: float = 25.0  # a killed broker node takes about this long to boot and rejoin
 
     def count(self, kind: Kind) -> int:
         if kind == "db_failover" or self.per_minute <= 0:
@@ -71,8 +72,10 @@ def draw(seed: int, plan: Plan) -> list[Fault]:
     for kind in KINDS:
         for _ in range(plan.count(kind)):
             target, duration = _what(rng, kind, plan)
-            # every fault starts inside the window and is over before it ends, held ones too
-            latest = max(1.0, plan.seconds - duration - 1.0)
+            # every fault starts inside the window and is over about when it ends: held ones,
+            # and killed nodes back in the cluster
+            restart = plan.node_restart if kind == "broker_kill" else 0.0
+            latest = max(2.0, plan.seconds - duration - restart - 1.0)
             faults.append(Fault(round(rng.uniform(1.0, latest), 1), kind, target, duration))
     return sorted(faults, key=lambda f: (f.at, f.kind, f.target))
 

@@ -145,7 +145,7 @@ class QueueTraffic:
     url: str  # every node, comma-separated: a failed chunk moves on to another node
     exchange: str
     seed: int
-    chunk: int = 400  # valid records a chunk
+    chunk: int = 200  # valid records a chunk
     pause: float = 0.3  # between two chunks
     reports: list[LoadReport] = field(default_factory=list)
     failed_attempts: list[str] = field(default_factory=list)

@@ -31,7 +31,7 @@ import os
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -88,6 +88,18 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(int(PLAN.seconds * 6 + 300)),
 ]
+
+
+@dataclass
+class Phases:
+    """Wall time of each phase of a run, for the report (the short run's budget is ~90 s)."""
+
+    took: dict[str, float] = field(default_factory=dict)
+    _mark: float = field(default_factory=time.monotonic)
+
+    def end(self, phase: str) -> None:
+        now = time.monotonic()
+        self.took[phase], self._mark = now - self._mark, now
 
 
 @dataclass
@@ -175,6 +187,7 @@ async def test_every_fault_in_one_run(
     print("\n".join("  " + f.line() for f in schedule))
 
     cluster, topo = rabbit_cluster, cluster_topology
+    phases = Phases()
     pg = await asyncio.to_thread(pg_clusters, True)
     name = unique_name("brsoak")
     direct = pg.multi_host_dsn(name, connect_timeout="2")
@@ -194,7 +207,8 @@ async def test_every_fault_in_one_run(
         procs, ports = await start_processes(recorders, cluster, topo, proxied, mq)
         await wait_for(lambda: _all_ready(ports), timeout=90, interval=0.2)
         rig = Rig(procs, ports, mq, dbp, direct, f"http://127.0.0.1:{ports['api']}")
-        report = await run_and_audit(seed, schedule, rig, cluster, topo, pg, key)
+        phases.end("setup")
+        report = await run_and_audit(seed, schedule, rig, cluster, topo, pg, key, phases)
     SOAK_REPORTS.append(report)
     print(report)
 
@@ -211,6 +225,7 @@ async def run_and_audit(
     topo: Topology,
     pg,
     key: str,
+    phases: Phases,
 ) -> str:
     auth = bearer(key)
     gens = random.Random(seed)
@@ -237,6 +252,7 @@ async def run_and_audit(
         stop.set()
         await asyncio.gather(*traffic)
         ended = runner.now()
+        phases.end("traffic and faults")
         sent, shapes = queue.merged()
         for client in clients:
             sent.ids["transaction"] |= client.accepted.keys()
@@ -253,7 +269,9 @@ async def run_and_audit(
             task.cancel()
         await asyncio.gather(*traffic, return_exceptions=True)
         await watch.stop()
+    phases.end("settle and audit")
     text = render(seed, runner, watch, clients, jobs, queue, audit, parked, ended)
+    text += "\n  phases: " + ", ".join(f"{k} {v:.0f} s" for k, v in phases.took.items())
     print(text)
     assert unready == [], f"not ready at the end: {unready}"
     problems = [p for c in (*clients, jobs) for p in c.other]

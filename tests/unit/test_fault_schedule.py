@@ -26,8 +26,9 @@ def test_the_short_run_has_each_kind_once() -> None:
 def test_the_long_run_scales_with_its_length_but_fails_over_once() -> None:
     kinds = Counter(f.kind for f in draw(3, LONG))
     assert kinds["db_failover"] == 1
-    assert kinds["broker_kill"] == 6  # 4 minutes x 1.5 a minute
-    assert kinds["recorder_kill"] == 12  # twice as many: there are two recorders
+    assert kinds["broker_kill"] == 4  # 4 minutes x 1.5 a minute x 2/3
+    assert kinds["recorder_kill"] == 12  # 4 x 1.5 x 2: there are two recorders
+    assert kinds["relay_kill"] == kinds["broker_hold"] == kinds["db_hold"] == 6
     assert set(kinds) == set(KINDS)
 
 

@@ -29,6 +29,7 @@ import contextlib
 import datetime
 import os
 import random
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field

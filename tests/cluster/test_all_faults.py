@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import itertools
 import os
 import random
 import time
@@ -321,6 +322,13 @@ def _active(applied: list[Applied], start: float, end: float) -> list[str]:
     return [f"{a.kind} {a.target}" for a in applied if a.began <= end and a.ended + 1 >= start]
 
 
+def _sample_gap(watch: CommitWatch, since: float) -> float:
+    """How long the commit watch itself went without a sample (its reconnects, a busy loop):
+    a stretch without a commit no longer than this may be the watch's, not the recorders'."""
+    times = [t for t, _ in watch.samples if t >= since]
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
 def render(
     seed, runner, watch, clients, jobs, queue, audit: Audit, parked: int, ended: float
 ) -> str:
@@ -349,6 +357,7 @@ def render(
         ),
         f"  longest stretch without a commit: {gap:.2f} s from t+{at:.1f} s"
         f" (faults then: {', '.join(_active(runner.applied, at, at + gap)) or 'none'})",
+        f"  (the watch's own longest gap between two samples: {_sample_gap(watch, t0):.2f} s)",
         f"  lost {audit.lost}, doubled {audit.doubled}",
     ]
     return "\n".join(lines)

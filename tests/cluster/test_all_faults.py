@@ -323,9 +323,12 @@ def _active(applied: list[Applied], start: float, end: float) -> list[str]:
 
 
 def _sample_gap(watch: CommitWatch, since: float) -> float:
-    """How long the commit watch itself went without a sample (its reconnects, a busy loop):
-    a stretch without a commit no longer than this may be the watch's, not the recorders'."""
-    times = [t for t, _ in watch.samples if t >= since]
+    """How long the commit watch itself went without a sample (its reconnects, a busy loop)
+    between ``since`` and the last change it saw: a stretch without a commit no longer than this
+    may be the watch's, not the recorders'."""
+    changes = [t for (_, before), (t, v) in itertools.pairwise(watch.samples) if v != before]
+    last = changes[-1] if changes else since
+    times = [t for t, _ in watch.samples if since <= t <= last]
     return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 

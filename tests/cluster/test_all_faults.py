@@ -247,8 +247,8 @@ async def run_and_audit(
     stop = asyncio.Event()
     runs = [c.run(stop) for c in clients] + [jobs.run(stop), queue.run(stop)]
     traffic = [asyncio.create_task(r) for r in runs]
+    faults = asyncio.create_task(runner.run(schedule))
     try:
-        faults = asyncio.create_task(runner.run(schedule))
         await asyncio.sleep(PLAN.seconds)
         await faults  # every fault over: nodes back, processes started again, proxies open
         stop.set()
@@ -267,9 +267,9 @@ async def run_and_audit(
         )
     finally:
         stop.set()
-        for task in traffic:
+        for task in (*traffic, faults):
             task.cancel()
-        await asyncio.gather(*traffic, return_exceptions=True)
+        await asyncio.gather(*traffic, faults, return_exceptions=True)
         await watch.stop()
     phases.end("settle and audit")
     text = render(seed, runner, watch, clients, jobs, queue, audit, parked, ended)

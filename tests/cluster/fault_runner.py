@@ -107,8 +107,9 @@ class FaultRunner:
         self._record(fault, began, f"{node.name}, {what}; back in the cluster after {back:.1f} s")
 
     def _read_leaders(self) -> None:
+        statuses = self.cluster.queue_statuses()
         for name, queue in zip(("main queue", "DLQ"), self.queues, strict=True):
-            status = self.cluster.queue_status(queue)
+            status = statuses.get(queue)
             self._leaders[name] = status.leader if status is not None else None
 
     async def _db_failover(self, fault: Fault) -> None:

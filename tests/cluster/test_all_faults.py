@@ -197,7 +197,6 @@ async def test_every_fault_in_one_run(
     broker = await open_broker(cluster, topo)
     await broker.close()
     await asyncio.to_thread(cluster.wait_all_online, topo.queue)
-    await asyncio.to_thread(cluster.wait_all_online, topo.dead_letter_queue)
     async with (
         proxies([n.amqp_port for n in cluster.nodes]) as mq,
         proxies([pg.primary.port, pg.standby.port]) as dbp,

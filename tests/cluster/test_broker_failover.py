@@ -174,6 +174,9 @@ async def test_the_relay_drains_a_large_outbox_through_the_loss_of_its_node(
     await asyncio.to_thread(cluster.wait_all_online, topo.queue)
     settings = cluster_settings(database_url, cluster.rabbitmq_url, topo)
     report = await fill_outbox(conn, OUTBOX_ROWS, seed=1143)
+    # rabbitmqctl takes seconds: asked once the relay runs, it let a quick relay empty the
+    # outbox before the wait below could see it part-drained (then it can never succeed)
+    leader = await asyncio.to_thread(cluster.leader_of, topo.queue)
     recorder = await recorders.start(settings)
     # one lane: on a quiet machine several drain the rows before the test can kill a node
     relay_args = (*RELAY, "--poll-interval", "0.2", "--lanes", "1")
@@ -186,7 +189,6 @@ async def test_the_relay_drains_a_large_outbox_through_the_loss_of_its_node(
             return last_node_port(relay.log_text()) is not None
 
         await wait_for(relay_node_known, timeout=60)
-        leader = await asyncio.to_thread(cluster.leader_of, topo.queue)  # slow: before the wait
         await wait_for(lambda: 0 < outbox.latest() <= OUTBOX_ROWS * 3 // 4, timeout=120)
         port = last_node_port(relay.log_text())
         victim = next(n for n in cluster.nodes if n.amqp_port == port)

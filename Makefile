@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-tools node-clients lock lint test test-image test-compose test-unit mutants demo demo-api run bench soak clean
+.PHONY: install system-tools node-clients lock lint test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster clean
 
 install: $(STAMP)
 
@@ -94,6 +94,13 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/faults
+
+# Every fault in one run, long (tests/cluster/test_all_faults.py; `make test` runs a short one):
+# SOAK_SECONDS (240) of traffic for each of SOAK_CLUSTER_RUNS (3) random seeds, or SEED=N
+# (or SEED=N,M) to run exactly those. Prints each seed and its schedule first, its report last.
+SEED ?=
+soak-cluster: $(STAMP)
+	SOAK_CLUSTER=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/cluster/test_all_faults.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -13,11 +13,14 @@ The rigs block; call their slow methods through ``asyncio.to_thread`` from async
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import aio_pika
 import pytest
 
+from consumer.topology import Topology, delete_topology
 from tests.faults.conftest import recorders  # noqa: F401  (real service processes)
 from tests.rigs import postgres_cluster, rabbitmq_node
 from tests.rigs.postgres_cluster import PgCluster
@@ -73,6 +76,21 @@ def rabbit_cluster(rabbit_cluster_module: RabbitCluster) -> RabbitCluster:
     return rabbit_cluster_module
 
 
+@pytest.fixture
+async def cluster_topology(rabbit_cluster: RabbitCluster) -> AsyncIterator[Topology]:
+    """Unique exchange and queue names on the cluster; deleted afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    topo = Topology(exchange=f"brha.{suffix}", queue=f"brha.{suffix}.records", delivery_limit=5)
+    yield topo
+    node = rabbit_cluster.running_nodes()[0]
+    connection = await aio_pika.connect(node.url, timeout=30)
+    try:
+        left = await delete_topology(connection, topo)
+    finally:
+        await connection.close()
+    assert not left, f"test topology left on the cluster: {left}"
+
+
 PgClusterFactory = Callable[..., PgCluster]
 
 
@@ -111,3 +129,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()  # type: ignore[attr-defined]
     if report.when == "call":
         item.rep_call = report  # type: ignore[attr-defined]
+
+
+# The reports of the all-faults runs (test_all_faults.py), shown again in pytest's summary, so
+# that `make test` and `make soak-cluster` print them even when the tests pass.
+SOAK_REPORTS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if SOAK_REPORTS:
+        terminalreporter.section("all-faults runs")
+        for report in SOAK_REPORTS:
+            terminalreporter.write_line(report)

@@ -23,7 +23,9 @@ from bulk_recorder.infra import pg_hosts
 from consumer.tools.loadgen import LoadReport
 from consumer.topology import Topology
 from settings import Settings, load_settings
+from tests.conftest import Broker
 from tests.faults.audit import expected_invalid_shapes
+from tests.rigs.rabbitmq_cluster import RabbitCluster
 
 ROWS = "SELECT (SELECT count(*) FROM transactions) + (SELECT count(*) FROM credit_annotations)"
 OUTBOX = "SELECT count(*) FROM outbox"
@@ -204,3 +206,10 @@ def recovery_line(
         f"{what}: kill -> first commit after it {first_text}; longest stall {stall:.2f} s "
         f"(from +{start:.2f} s, at {rows} rows)"
     )
+
+
+async def open_broker(cluster: RabbitCluster, topo: Topology) -> Broker:
+    """The test's own broker helper, on a node that is running now (declares the topology)."""
+    broker = Broker(cluster.running_nodes()[0].url, topo)
+    await broker.open()
+    return broker

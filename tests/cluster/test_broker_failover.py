@@ -22,53 +22,30 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 
-import aio_pika
 import pytest
 
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import copy_to_outbox, notify
 from consumer.tools.generator import Generator
 from consumer.tools.loadgen import LoadReport, LoadSpec, publish_load
-from consumer.topology import Topology, delete_topology
+from consumer.topology import Topology
 from tests.cluster.failover_support import (
     OUTBOX,
     CommitWatch,
     cluster_settings,
     last_node_port,
     merge,
+    open_broker,
     recovery_line,
 )
-from tests.conftest import Broker, wait_for
+from tests.conftest import wait_for
 from tests.faults.audit import audit_run, wait_for_rows, wait_until_settled
 from tests.faults.conftest import RELAY
 from tests.rigs.rabbitmq_cluster import RabbitCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-async def cluster_topology(rabbit_cluster: RabbitCluster) -> AsyncIterator[Topology]:
-    suffix = uuid.uuid4().hex[:10]
-    topo = Topology(exchange=f"brha.{suffix}", queue=f"brha.{suffix}.records", delivery_limit=5)
-    yield topo
-    node = rabbit_cluster.running_nodes()[0]
-    connection = await aio_pika.connect(node.url, timeout=30)
-    try:
-        left = await delete_topology(connection, topo)
-    finally:
-        await connection.close()
-    assert not left, f"test topology left on the cluster: {left}"
-
-
-async def open_broker(cluster: RabbitCluster, topo: Topology) -> Broker:
-    """The test's own broker helper, on a node that is running now (declares the topology)."""
-    broker = Broker(cluster.running_nodes()[0].url, topo)
-    await broker.open()
-    return broker
 
 
 PER_RUN = 8_000  # valid records of each run
@@ -197,6 +174,9 @@ async def test_the_relay_drains_a_large_outbox_through_the_loss_of_its_node(
     await asyncio.to_thread(cluster.wait_all_online, topo.queue)
     settings = cluster_settings(database_url, cluster.rabbitmq_url, topo)
     report = await fill_outbox(conn, OUTBOX_ROWS, seed=1143)
+    # rabbitmqctl takes seconds: asked once the relay runs, it let a quick relay empty the
+    # outbox before the wait below could see it part-drained (then it can never succeed)
+    leader = await asyncio.to_thread(cluster.leader_of, topo.queue)
     recorder = await recorders.start(settings)
     # one lane: on a quiet machine several drain the rows before the test can kill a node
     relay_args = (*RELAY, "--poll-interval", "0.2", "--lanes", "1")
@@ -209,7 +189,6 @@ async def test_the_relay_drains_a_large_outbox_through_the_loss_of_its_node(
             return last_node_port(relay.log_text()) is not None
 
         await wait_for(relay_node_known, timeout=60)
-        leader = await asyncio.to_thread(cluster.leader_of, topo.queue)  # slow: before the wait
         await wait_for(lambda: 0 < outbox.latest() <= OUTBOX_ROWS * 3 // 4, timeout=120)
         port = last_node_port(relay.log_text())
         victim = next(n for n in cluster.nodes if n.amqp_port == port)

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-import uuid
-from dataclasses import dataclass, field
 
 import asyncpg
 import httpx
@@ -33,6 +30,7 @@ from consumer.tools.generator import Generator
 from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.cluster.conftest import PgClusterFactory
 from tests.cluster.failover_support import CommitWatch, recovery_line
+from tests.cluster.traffic import Client
 from tests.conftest import free_port, run_cli, settings_env, wait_for
 from tests.faults.audit import audit_run, wait_for_rows, wait_until_settled
 from tests.faults.conftest import API, RELAY
@@ -44,43 +42,6 @@ pytestmark = [
     pytest.mark.rabbitmq,
     pytest.mark.timeout(240),
 ]
-
-
-@dataclass
-class Client:
-    """Posts transactions one after another until stopped; retries each until it is accepted."""
-
-    base_url: str
-    gen: Generator
-    auth: dict[str, str]  # the API key's header
-    accepted: dict[str, float] = field(default_factory=dict)  # id -> when
-    unavailable: list[float] = field(default_factory=list)  # 503s with Retry-After
-    other: list[str] = field(default_factory=list)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        async with httpx.AsyncClient(base_url=self.base_url, timeout=15, headers=self.auth) as http:
-            while not stop.is_set():
-                await self._post_until_accepted(http, self.gen.transaction())
-
-    async def _post_until_accepted(self, http: httpx.AsyncClient, tx: dict[str, object]) -> None:
-        body, key = json.dumps(tx), str(uuid.uuid4())
-        headers = {"content-type": "application/json", "Idempotency-Key": key}
-        while True:
-            try:
-                answer = await http.post("/v1/transactions", content=body, headers=headers)
-            except httpx.TransportError as exc:
-                self.other.append(repr(exc))
-                await asyncio.sleep(0.2)
-                continue
-            if answer.status_code == 202:
-                self.accepted[str(tx["id"])] = time.monotonic()
-                return
-            if answer.status_code == 503 and "retry-after" in answer.headers:
-                self.unavailable.append(time.monotonic())
-                await asyncio.sleep(float(answer.headers["retry-after"]))
-                continue
-            self.other.append(f"{answer.status_code} {answer.text[:200]}")
-            await asyncio.sleep(0.2)
 
 
 async def test_primary_killed_standby_promoted_with_recorders_relay_and_api(
@@ -110,7 +71,9 @@ async def test_primary_killed_standby_promoted_with_recorders_relay_and_api(
 
     await wait_for(api_up, timeout=60)
     watch = await CommitWatch(dsn).start()
-    client = Client(base_url, Generator.create(seed=1151), bearer(await provision_key(dsn)))
+    client = Client(
+        base_url=base_url, gen=Generator.create(seed=1151), auth=bearer(await provision_key(dsn))
+    )
     stop_client = asyncio.Event()
     posting = asyncio.create_task(client.run(stop_client))
     opened: list[asyncpg.Connection] = []  # connections of the settle check

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.rigs.rabbitmq_node import RabbitNode, new_cookie
 from tests.rigs.wait import poll
@@ -156,8 +157,7 @@ class RabbitCluster:
         out = self._any_running().ctl("cluster_status", "--formatter", "json").stdout
         return list(json.loads(out)["running_nodes"])
 
-    def queue_status(self, queue: str, vhost: str = "/") -> QueueStatus | None:
-        """Leader, members and online members of a quorum queue; None if it does not exist."""
+    def _queue_rows(self, vhost: str) -> list[dict[str, Any]]:
         out = (
             self._any_running()
             .ctl(
@@ -175,19 +175,36 @@ class RabbitCluster:
             )
             .stdout
         )
-        for row in json.loads(out or "[]"):
+        return list(json.loads(out or "[]"))
+
+    @staticmethod
+    def _status(row: dict[str, Any]) -> QueueStatus:
+        leader = row.get("leader")
+        return QueueStatus(
+            name=row["name"],
+            leader=leader if isinstance(leader, str) and "@" in leader else None,
+            members=tuple(sorted(row.get("members") or ())),
+            online=tuple(sorted(row.get("online") or ())),
+        )
+
+    def queue_status(self, queue: str, vhost: str = "/") -> QueueStatus | None:
+        """Leader, members and online members of a quorum queue; None if it does not exist."""
+        for row in self._queue_rows(vhost):
             if row["name"] != queue:
                 continue
             if row["type"] != "quorum":
                 raise RuntimeError(f"{queue} is a {row['type']} queue, not a quorum queue")
-            leader = row.get("leader")
-            return QueueStatus(
-                name=queue,
-                leader=leader if isinstance(leader, str) and "@" in leader else None,
-                members=tuple(sorted(row.get("members") or ())),
-                online=tuple(sorted(row.get("online") or ())),
-            )
+            return self._status(row)
         return None
+
+    def queue_statuses(self, vhost: str = "/") -> dict[str, QueueStatus]:
+        """Every quorum queue of ``vhost`` by name, in one rabbitmqctl call (an Erlang VM boot:
+        seconds on a busy machine)."""
+        return {
+            str(row["name"]): self._status(row)
+            for row in self._queue_rows(vhost)
+            if row["type"] == "quorum"
+        }
 
     def leader_of(self, queue: str, vhost: str = "/") -> RabbitNode:
         """The node that leads ``queue`` now."""

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import msgspec
@@ -42,6 +42,7 @@ from bulk_recorder.infra import tracing
 from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.api_docs import serve_docs_offline
+from bulk_recorder.producer.api.asgi import ASGIApp, Receive, Scope, Send, StatusSeen
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
 from bulk_recorder.producer.api.job_bodies import body_components
@@ -176,12 +177,6 @@ async def _open_pool(ctx: ApiContext, stop: asyncio.Event, tried: asyncio.Event)
 
 # -- metrics middleware -------------------------------------------------------------------------
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 
 class MetricsMiddleware:
     """Counts requests by route template and status, and times them (pure ASGI: no buffering)."""
@@ -195,19 +190,12 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
-
-        async def send_and_see(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
+        seen = StatusSeen(send)
         try:
-            await self.app(scope, receive, send_and_see)
+            await self.app(scope, receive, seen)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.api_requests.labels(route=route, status=str(status)).inc()
+            self.metrics.api_requests.labels(route=route, status=str(seen.status)).inc()
             self.metrics.api_request_duration.labels(route=route).observe(
                 time.perf_counter() - started
             )

@@ -11,18 +11,10 @@ keep it (:func:`bulk_recorder.infra.tracing.current_carrier`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
-
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from bulk_recorder.infra import tracing
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from bulk_recorder.producer.api.asgi import ASGIApp, Receive, Scope, Send, StatusSeen
 
 _CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 
@@ -58,17 +50,11 @@ class ServerSpans:
         with tracing.tracer().start_as_current_span(
             method, context=parent, kind=SpanKind.SERVER, attributes=attributes
         ) as span:
-            status = 500
-
-            async def send_and_see(message: Message) -> None:
-                nonlocal status
-                if message["type"] == "http.response.start":
-                    status = int(message["status"])
-                await send(message)
-
+            seen = StatusSeen(send)
             try:
-                await self.app(scope, receive, send_and_see)
+                await self.app(scope, receive, seen)
             finally:
+                status = seen.status
                 route = getattr(scope.get("route"), "path", None)
                 if route:
                     span.update_name(f"{method} {route}")

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
+import sys
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +26,7 @@ from bulk_recorder.records import CreditAnnotation, decode, exact
 from consumer.tools.generator import Generator
 from consumer.topology import Topology, declare_topology
 from settings import Settings
+from tests.conftest import settings_env, wait_for
 
 
 async def provision_key(
@@ -197,3 +201,40 @@ class TcpProxy:
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         self._writers.difference_update((writer, up_writer))
+
+
+@contextlib.asynccontextmanager
+async def running_api(
+    settings: Settings, log_path: Path
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``bulk-recorder api`` in a child process, ready on ``settings.api_port``, its output in
+    ``log_path``. If the body leaves it running, it is stopped with SIGTERM and must exit 0; if
+    the body fails, it is killed."""
+    with log_path.open("wb") as log_file:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "consumer.cli",
+            "api",
+            env=settings_env(settings),
+            stdout=log_file,
+            stderr=log_file,
+        )
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{settings.api_port}") as c:
+
+                async def up() -> bool:
+                    try:
+                        return (await c.get("/readyz")).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                await wait_for(up, timeout=30)
+            yield proc
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                assert await asyncio.wait_for(proc.wait(), 30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -9,7 +9,6 @@ import json
 import random
 import re
 import signal
-import sys
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -20,8 +19,14 @@ import pytest
 from bulk_recorder.producer.parsers import CONTENT_TYPES
 from bulk_recorder.records import CreditAnnotation, decode
 from consumer.tools.generator import Generator
-from tests.conftest import free_port, settings_env, wait_for
-from tests.integration.producer_support import api_client, bearer, ndjson, provision_key
+from tests.conftest import free_port, wait_for
+from tests.integration.producer_support import (
+    api_client,
+    bearer,
+    ndjson,
+    provision_key,
+    running_api,
+)
 
 pytestmark = [pytest.mark.postgres]
 
@@ -509,62 +514,42 @@ async def test_real_api_process_streams_a_job_drops_a_cut_upload_and_stops_on_si
     base = f"http://127.0.0.1:{port}"
     gen = Generator.create(12)
     key = await provision_key(settings.database_url)
-    with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "consumer.cli",
-            "api",
-            env=settings_env(settings),
-            stdout=log_file,
-            stderr=log_file,
+    async with (
+        running_api(settings, log_path) as proc,
+        httpx.AsyncClient(base_url=base, timeout=30, headers=bearer(key)) as client,
+    ):
+
+        async def chunks():  # a chunked upload, 500 lines at a time
+            for _ in range(4):
+                yield ndjson([gen.credit_annotation() for _ in range(500)])
+
+        response = await client.post(JOBS, content=chunks(), headers=NDJSON)
+        assert response.status_code == 202, response.text
+        assert response.json()["accepted"] == 2000
+
+        # An upload cut in the middle: the job's transaction rolls back.
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        partial = ndjson([gen.credit_annotation() for _ in range(100)])
+        writer.write(
+            f"POST {JOBS} HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/x-ndjson\r\nContent-Length: {len(partial) * 10}"
+            "\r\n\r\n".encode()
+            + partial
         )
-        try:
-            async with httpx.AsyncClient(base_url=base, timeout=30, headers=bearer(key)) as client:
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
 
-                async def up() -> bool:
-                    try:
-                        return (await client.get("/readyz")).status_code == 200
-                    except httpx.TransportError:
-                        return False
+        async def cut_seen() -> bool:
+            text = (await client.get("/metrics")).text
+            return 'route="/v1/credit-annotation-jobs",status="400"' in text
 
-                await wait_for(up, timeout=30)
-
-                async def chunks():  # a chunked upload, 500 lines at a time
-                    for _ in range(4):
-                        yield ndjson([gen.credit_annotation() for _ in range(500)])
-
-                response = await client.post(JOBS, content=chunks(), headers=NDJSON)
-                assert response.status_code == 202, response.text
-                assert response.json()["accepted"] == 2000
-
-                # An upload cut in the middle: the job's transaction rolls back.
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                partial = ndjson([gen.credit_annotation() for _ in range(100)])
-                writer.write(
-                    f"POST {JOBS} HTTP/1.1\r\nHost: api\r\nAuthorization: Bearer {key}\r\n"
-                    f"Content-Type: application/x-ndjson\r\nContent-Length: {len(partial) * 10}"
-                    "\r\n\r\n".encode()
-                    + partial
-                )
-                await writer.drain()
-                writer.close()
-                await writer.wait_closed()
-
-                async def cut_seen() -> bool:
-                    text = (await client.get("/metrics")).text
-                    return 'route="/v1/credit-annotation-jobs",status="400"' in text
-
-                await wait_for(cut_seen, timeout=30)
-                conn = await db()
-                assert await count(conn, "credit_annotation_jobs") == 1
-                assert await count(conn, "outbox") == 2000
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 30) == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        await wait_for(cut_seen, timeout=30)
+        conn = await db()
+        assert await count(conn, "credit_annotation_jobs") == 1
+        assert await count(conn, "outbox") == 2000
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
     log = log_path.read_text()
     assert "ingest API ready: transactions async (outbox, 202)" in log
     assert "client disconnected before the body was complete" in log

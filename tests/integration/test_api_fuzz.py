@@ -13,23 +13,19 @@ the document names (check digits, sums, distinct ids, state), known by their rea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.conftest import REPO, free_port, settings_env, wait_for
+from tests.conftest import REPO, free_port
 from tests.integration.fuzz_checks import rule_of
-from tests.integration.producer_support import provision_key
+from tests.integration.producer_support import provision_key, running_api
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
 
@@ -44,39 +40,6 @@ CHECKS = ",".join(
         "schema_valid_requests_are_accepted",  # tests/integration/fuzz_checks.py
     )
 )
-
-
-@contextlib.asynccontextmanager
-async def running_api(settings: Any, log_path: Path) -> AsyncIterator[str]:
-    """``bulk-recorder api`` in a child process, ready; stopped with SIGTERM afterwards."""
-    base = f"http://127.0.0.1:{settings.api_port}"
-    with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "consumer.cli",
-            "api",
-            env=settings_env(settings),
-            stdout=log_file,
-            stderr=log_file,
-        )
-        try:
-            async with httpx.AsyncClient(base_url=base, timeout=5) as client:
-
-                async def up() -> bool:
-                    try:
-                        return (await client.get("/readyz")).status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                await wait_for(up, timeout=30)
-            yield base
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 30) == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
 
 
 async def run_schemathesis(base: str, key: str, out_dir: Path) -> tuple[int, str]:
@@ -116,7 +79,8 @@ async def test_schemathesis_finds_no_request_the_spec_and_the_api_disagree_on(
 ) -> None:
     settings = make_settings(api_port=free_port())
     key = await provision_key(settings.database_url)
-    async with running_api(settings, tmp_path / "api.log") as base:
+    base = f"http://127.0.0.1:{settings.api_port}"
+    async with running_api(settings, tmp_path / "api.log"):
         started = time.monotonic()
         code, out = await run_schemathesis(base, key, tmp_path)
         took = time.monotonic() - started

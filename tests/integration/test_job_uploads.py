@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 import bulk_recorder.producer.api.jobs as jobs_module
 from bulk_recorder.producer.job_staging import STAGING_TABLE
 from bulk_recorder.producer.parsers import CSV_COLUMNS
 from consumer.tools.generator import Generator
-from tests.conftest import free_port, settings_env, wait_for
+from tests.conftest import free_port, wait_for
 from tests.faults.pg_locks import backend_pid, wait_for_backends_gone, wait_for_blocked_by
-from tests.integration.producer_support import api_client, ndjson, provision_key
+from tests.integration.producer_support import api_client, ndjson, provision_key, running_api
 
 pytestmark = [pytest.mark.postgres]
 
@@ -313,71 +311,48 @@ async def test_real_api_process_408s_a_stalled_socket_and_a_killed_upload_leaves
     gen = Generator.create(67)
     log_path = tmp_path / "api.log"
     key = await provision_key(settings.database_url)
-    with log_path.open("wb") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "consumer.cli",
-            "api",
-            env=settings_env(settings),
-            stdout=log_file,
-            stderr=log_file,
-        )
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+    async with running_api(settings, log_path) as proc:
 
-                async def up() -> bool:
-                    try:
-                        return (await client.get("/readyz")).status_code == 200
-                    except httpx.TransportError:
-                        return False
+        async def start_upload(part: bytes) -> tuple[Any, Any]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                f"POST {JOBS} HTTP/1.1\r\nHost: api\r\nContent-Type: application/x-ndjson\r\n"
+                f"Authorization: Bearer {key}\r\n"
+                f"Content-Length: {len(part) * 10}\r\n\r\n".encode()
+                + part
+            )
+            await writer.drain()
+            return reader, writer
 
-                await wait_for(up, timeout=30)
+        # A client that stops sending: 408, and the server closes the connection.
+        reader, writer = await start_upload(lines(gen, 10))
+        answer = await asyncio.wait_for(reader.read(), 30)  # until the server closes
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert b"request body timeout" in answer
 
-            async def start_upload(part: bytes) -> tuple[Any, Any]:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.write(
-                    f"POST {JOBS} HTTP/1.1\r\nHost: api\r\nContent-Type: application/x-ndjson\r\n"
-                    f"Authorization: Bearer {key}\r\n"
-                    f"Content-Length: {len(part) * 10}\r\n\r\n".encode()
-                    + part
+        # The API killed while lines are staged: PostgreSQL ends its sessions, and with
+        # them the staging table; no job and no outbox row were ever visible.
+        reader, writer = await start_upload(lines(gen, 6000))  # past one COPY batch
+        conn = await db()
+
+        async def staged() -> bool:
+            return bool(
+                await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND query LIKE 'COPY %' || $1 || '%'",
+                    STAGING_TABLE,
                 )
-                await writer.drain()
-                return reader, writer
+            )
 
-            # A client that stops sending: 408, and the server closes the connection.
-            reader, writer = await start_upload(lines(gen, 10))
-            answer = await asyncio.wait_for(reader.read(), 30)  # until the server closes
-            writer.close()
-            assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
-            assert b"request body timeout" in answer
+        await wait_for(staged, timeout=30)
+        assert await staging_tables(conn) == 1
+        proc.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(proc.wait(), 30)
+        writer.close()
 
-            # The API killed while lines are staged: PostgreSQL ends its sessions, and with
-            # them the staging table; no job and no outbox row were ever visible.
-            reader, writer = await start_upload(lines(gen, 6000))  # past one COPY batch
-            conn = await db()
+        async def cleaned_up() -> bool:
+            return await staging_tables(conn) == 0
 
-            async def staged() -> bool:
-                return bool(
-                    await conn.fetchval(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND query LIKE 'COPY %' || $1 || '%'",
-                        STAGING_TABLE,
-                    )
-                )
-
-            await wait_for(staged, timeout=30)
-            assert await staging_tables(conn) == 1
-            proc.send_signal(signal.SIGKILL)
-            await asyncio.wait_for(proc.wait(), 30)
-            writer.close()
-
-            async def cleaned_up() -> bool:
-                return await staging_tables(conn) == 0
-
-            await wait_for(cleaned_up, timeout=30)
-            assert await stored(conn) == (0, 0)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+        await wait_for(cleaned_up, timeout=30)
+        assert await stored(conn) == (0, 0)

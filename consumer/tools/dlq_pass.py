@@ -126,7 +126,7 @@ class Kept:
                 before = await self._ready(channel)  # with the wait given up: the round trip
                 await channel.basic_nack(chunk[-1], multiple=True, requeue=True)
                 if waiting and not await self._shown_back(channel, before, len(chunk)):
-                    waiting = False  # someone else reads the DLQ: go on without waiting
+                    waiting = False  # another client reads the DLQ: no more waits
                     log.warning("another client reads the DLQ; its order is not assured")
         except BROKER_ERRORS:  # the rest come back with the channel
             log.debug("nacking back the kept messages failed", exc_info=True)

@@ -122,15 +122,23 @@ async def ids(broker: Broker, queue: str) -> list[str | None]:
     return [m.message_id for m in await broker.drain(queue)]
 
 
+async def filled_with_arrivals(
+    broker: Broker, dlq: str, monkeypatch: pytest.MonkeyPatch, copies: list[int]
+) -> tuple[list[str], Arrivals]:
+    """A full DLQ; newcomers while each pass reads and as the survey gives back."""
+    olds = await fill(broker, dlq)
+    arrivals = Arrivals(broker, dlq, ["new-survey", "new-pass"], ["new-give-back"], copies)
+    arrivals.install(monkeypatch)
+    return olds, arrivals
+
+
 async def test_discard_removes_exactly_the_messages_it_showed_while_others_arrive(
     make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = make_settings()
     dlq = settings.dead_letter_queue
-    olds = await fill(broker, dlq)
     copied = 1  # a copy of a shown message dead-lettered again: one of the two goes, not both
-    arrivals = Arrivals(broker, dlq, ["new-survey", "new-pass"], ["new-give-back"], [copied])
-    arrivals.install(monkeypatch)
+    olds, arrivals = await filled_with_arrivals(broker, dlq, monkeypatch, [copied])
     out = io.StringIO()
     assert await discard_dlq(settings, TARGET, lambda question: True, out=out) == 0
     monkeypatch.undo()
@@ -154,9 +162,7 @@ async def test_replay_by_reason_with_a_limit_moves_exactly_the_ones_it_showed(
 ) -> None:
     settings = make_settings()
     dlq = settings.dead_letter_queue
-    olds = await fill(broker, dlq)
-    arrivals = Arrivals(broker, dlq, ["new-survey", "new-pass"], ["new-give-back"])
-    arrivals.install(monkeypatch)
+    olds, arrivals = await filled_with_arrivals(broker, dlq, monkeypatch, [])
     out = io.StringIO()
     limit = 500
     assert await replay_dlq(settings, limit, out=out, reason=TARGET) == 0
@@ -294,3 +300,28 @@ async def test_inspect_gives_back_within_its_bound_while_another_client_reads_th
     chunks = SIZE // dlq_pass.GIVE_BACK_CHUNK + 1
     assert declares < 4 * chunks  # a few polls a chunk, not a tight loop
     await wait_for(lambda: ready_is(broker, dlq, SIZE), timeout=60)  # nothing removed
+
+
+async def test_discard_says_how_many_shown_messages_another_client_took(
+    make_settings, broker: Broker
+) -> None:
+    """Between the question and the discard, another client takes 15 messages (10 of them
+    shown): the discard removes the 1,990 shown that are left, and says 10 were not found."""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq)
+    loop = asyncio.get_running_loop()
+    taken: list[str | None] = []
+
+    def confirm(question: str) -> bool:
+        drained = asyncio.run_coroutine_threadsafe(broker.drain(dlq, limit=15), loop).result()
+        taken.extend(m.message_id for m in drained)
+        return True
+
+    out = io.StringIO()
+    assert await discard_dlq(settings, TARGET, confirm, out=out) == 0
+    assert taken == olds[:15]
+    shown = [i for n, i in enumerate(olds) if reason(n) == TARGET]
+    assert f"discarded {len(shown) - 10} of " in out.getvalue()
+    assert "10 of the messages shown were no longer in the DLQ" in out.getvalue()
+    assert await ids(broker, dlq) == [i for i in olds[15:] if i not in set(shown)]

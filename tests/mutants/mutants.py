@@ -942,4 +942,17 @@ MUTANTS: tuple[Mutant, ...] = (
             + "test_inspect_gives_back_within_its_bound_while_another_client_reads_the_dlq",
         ),
     ),
+    Mutant(
+        name="fingerprint-depends-on-header-order",
+        # the same headers written in another order: a shown message no longer found
+        path="consumer/tools/dlq_identity.py",
+        old="        items = sorted((str(k), _canonical(v)) for k, v in value.items())\n",
+        new="        items = [(str(k), _canonical(v)) for k, v in value.items()]\n",
+        promise=DLQ_BY_REASON,
+        tests=(
+            "tests/unit/test_dlq_identity.py::"
+            "test_the_read_count_and_the_order_of_header_keys_do_not_change_a_fingerprint",
+        ),
+        fast=True,
+    ),
 )

@@ -86,8 +86,10 @@ class Kept:
     ``GIVE_BACK_WAIT_S`` at most in all beyond the broker's own pace, not per batch.
 
     A returned message goes behind the messages ready at that moment, so every pass reads the
-    whole DLQ (as it was when the pass started) before giving back: the kept messages are then
-    the whole DLQ, back in its order, behind any message dead-lettered during the pass.
+    whole DLQ (as it was when the pass started), and then what was dead-lettered while it read
+    (:func:`hold_arrivals`), before giving back: the kept messages are then the whole DLQ, back
+    in its order, the newcomers last. Only a message dead-lettered during the give back itself
+    goes ahead of the batches not yet given back.
     """
 
     queue: str = ""

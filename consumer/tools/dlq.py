@@ -17,16 +17,21 @@ replay [--reason R] [--limit N] [--dry-run]
     (the recorder records it once), never in neither. Our error headers and the broker's death
     headers are dropped; ``x-bulk-recorder-replays`` counts the replays. With ``--reason`` (or
     ``--dry-run``) it first shows what it would move, from a pass that moves nothing; then
-    (without ``--dry-run``) a second pass moves the messages of that group only. The others are
-    read without ack and nacked back in the order read, so they keep their order; if the
-    command is killed, the broker returns them itself (none lost, their order may change).
+    (without ``--dry-run``) a second pass moves exactly the messages shown (with ``--limit N``,
+    the first N shown), identified by their fingerprints (:mod:`consumer.tools.dlq_identity`),
+    whatever was dead-lettered meanwhile. The others are read without ack and nacked back in
+    the order read, so they keep their order; if the command is killed, the broker returns them
+    itself (none lost, their order may change).
 
 discard --reason R [--yes]
-    Shows what it would remove, asks (unless ``--yes``), then acks at most that many messages
-    of the group: the only command that removes a message for good. The others stay, as above.
+    Shows what it would remove, asks (unless ``--yes``), then acks exactly the messages it
+    showed, found by their fingerprints: the only command that removes a message for good. A
+    message dead-lettered since, of the same reason, stays; so do the others, as above.
 
-Every pass reads at most the number of messages the DLQ held when it started, so a message the
-running recorder dead-letters again during a replay is not replayed in a loop.
+Every pass takes at most the messages the DLQ held when it started, so a message the running
+recorder dead-letters again during a replay is not replayed in a loop (and its fingerprint has
+changed: a new reason header and time). What was dead-lettered while a pass read is read too,
+and given back behind the rest (:func:`consumer.tools.dlq_pass.hold_arrivals`).
 """
 
 from __future__ import annotations
@@ -50,7 +55,16 @@ from consumer.delivery import (
 )
 from consumer.tools.dlq_groups import Groups, reason_group, sample
 from consumer.tools.dlq_groups import reason_of as reason_of
-from consumer.tools.dlq_pass import GET_TIMEOUT, Kept, Pass, Take, connect, open_dlq
+from consumer.tools.dlq_identity import Plan
+from consumer.tools.dlq_pass import (
+    GET_TIMEOUT,
+    Kept,
+    Pass,
+    Take,
+    connect,
+    hold_arrivals,
+    open_dlq,
+)
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 
@@ -109,8 +123,15 @@ def _sample_line(message: AbstractIncomingMessage, reason: str) -> str:
     return f"[{reason}] type={message.type} body: {sample(message.body)}"
 
 
-async def _survey(settings: Settings, wanted: Callable[[str], bool], samples: int) -> Groups | None:
-    """One pass that moves nothing: the groups of the messages whose reason is ``wanted``."""
+async def _survey(
+    settings: Settings,
+    wanted: Callable[[str], bool],
+    samples: int,
+    plan: Plan | None = None,
+    limit: int | None = None,
+) -> Groups | None:
+    """One pass that moves nothing: the groups of the messages whose reason is ``wanted``;
+    the first ``limit`` of them (all by default) go into ``plan``, the messages shown."""
     connection = await connect(settings)
     if connection is None:
         return None
@@ -131,6 +152,9 @@ async def _survey(settings: Settings, wanted: Callable[[str], bool], samples: in
                 if wanted(reason):
                     shown = _sample_line(message, reason) if groups.wants_sample(reason) else None
                     groups.add(message.headers, message.timestamp, reason, shown)
+                    if plan is not None and (limit is None or len(plan) < limit):
+                        plan.add(message)
+            await hold_arrivals(queue, kept, total, total)
         finally:
             await kept.give_back()
     return groups
@@ -167,19 +191,21 @@ async def _plan(
     samples: int,
     out: TextIO,
     limit: int | None = None,
-) -> int | None:
+) -> Plan | None:
     """Show what ``action`` would take: how many messages (at most ``limit``), of which
-    groups. None: the broker or the DLQ could not be reached."""
-    groups = await _survey(settings, _every if reason is None else _of_group(reason), samples)
+    groups; the messages shown. None: the broker or the DLQ could not be reached."""
+    plan = Plan()
+    wanted = _every if reason is None else _of_group(reason)
+    groups = await _survey(settings, wanted, samples, plan, limit)
     if groups is None:
         return None
     which = "every reason" if reason is None else f"reason {reason_group(reason)!r}"
-    count = groups.total if limit is None else min(limit, groups.total)
+    count = len(plan)
     first = "" if count == groups.total else f" (the first {count} of {groups.total})"
     print(f"would {action} {count} messages of {which}{first}", file=out)
     if groups.total:
         print("\n".join(groups.lines(settings.dead_letter_queue)[1:]), file=out)
-    return count
+    return plan
 
 
 def _replay_to(settings: Settings) -> Callable[[aio_pika.abc.AbstractConnection], Awaitable[Take]]:
@@ -217,6 +243,8 @@ def _report(settings: Settings, done: Pass, verb: str, target: str, out: TextIO)
     )
     for group in done.taken.ordered():
         print(f"{group.count:>8}  {group.reason}", file=out)
+    if done.plan and not done.failures:
+        print(f"{len(done.plan)} of the messages shown were no longer in the DLQ", file=out)
     if done.failures:
         print(
             f"bulk-recorder dlq: {len(done.failures)} messages could not be {verb}, they stay "
@@ -240,6 +268,7 @@ async def replay_dlq(
     back to the main exchange. With ``reason`` or ``dry_run``, first show what would move; a
     dry run stops there. Returns the exit code (1 if a publish was refused)."""
     out = out or sys.stdout
+    planned = None
     if reason is not None or dry_run:
         planned = await _plan(settings, "replay", reason, samples, out, limit)
         if planned is None:
@@ -247,7 +276,7 @@ async def replay_dlq(
         if dry_run:
             print("dry run: nothing moved", file=out)
             return 0
-    done = Pass(_every if reason is None else _of_group(reason))
+    done = Pass(_every if reason is None else _of_group(reason), plan=planned)
     if not await done.over(settings, _replay_to(settings), limit):
         return 1
     return _report(settings, done, "replayed", f" to exchange {settings.rabbitmq_exchange}", out)
@@ -262,18 +291,18 @@ async def discard_dlq(
     samples: int = 3,
 ) -> int:
     """Remove the messages of one reason group for good, after ``confirm`` (asked with the
-    count shown): at most that many, so a message dead-lettered since is not removed unseen."""
+    count shown): exactly those shown, so a message dead-lettered since is not removed unseen."""
     out = out or sys.stdout
     planned = await _plan(settings, "discard", reason, samples, out)
     if planned is None:
         return 1
     if not planned:
         return 0
-    question = f"discard these {planned} messages for good? [y/N] "
+    question = f"discard these {len(planned)} messages for good? [y/N] "
     if not await asyncio.to_thread(confirm, question):
         print("nothing discarded", file=out)
         return 1
-    done = Pass(_of_group(reason))
-    if not await done.over(settings, _discard, planned):
+    done = Pass(_of_group(reason), plan=planned)
+    if not await done.over(settings, _discard, None):
         return 1
     return _report(settings, done, "discarded", "", out)

@@ -6,6 +6,12 @@ A quorum queue returns a closed channel's unacked messages in an order of its ow
 messages behind the ready ones; nacks with requeue, paced and sent in the order read after the
 whole DLQ was read, put them back in their order. If the process is killed or interrupted, the
 broker returns them itself: none lost, their order may change.
+
+A message dead-lettered while a pass reads (a running recorder) is read too, and kept, before
+the pass gives back (:func:`hold_arrivals`): it goes back behind the messages that were there,
+in its place. Only one that arrives while the pass is giving back goes ahead of those not yet
+given back. A pass that takes (discard, replay after a survey) takes by identity, not by count
+(:mod:`consumer.tools.dlq_identity`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
 from bulk_recorder.infra.errors import BROKER_ERRORS
 from consumer.tools.dlq_groups import Groups, reason_of
+from consumer.tools.dlq_identity import Plan
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,7 +39,10 @@ REPLAY_WINDOW = 200  # publishes awaiting their confirm at once
 # asyncio.wait_for, which can swallow a cancellation (Ctrl-C) that arrives as the reply lands.
 GET_TIMEOUT = None
 GIVE_BACK_CHUNK = 16  # messages a nack gives back; under the 32 a quorum queue keeps in order
+# The longest a give back waits for the ready count to show a batch back; once one batch is not
+# shown back in time, or the count falls (another client reads the DLQ), it waits no more.
 GIVE_BACK_WAIT_S = 5.0
+POLL_FIRST_S, POLL_MAX_S = 0.001, 0.05  # the ready count is polled with a backoff
 
 
 async def open_dlq(
@@ -65,14 +75,21 @@ class Kept:
 
     By the time they are given back every other message read on the channel is settled, so the
     unacked tags up to a kept one are exactly the kept ones: one ``basic.nack(multiple)`` per
-    ``GIVE_BACK_CHUNK`` of them, then a wait (passive declares, at most ``GIVE_BACK_WAIT_S``)
-    until the queue's ready count shows them back. Unpaced, a quorum queue's channel holds
-    returns back once too many are unapplied and later sends them in an order of its own (200
-    nacks sent at once came back with the last ones first).
+    ``GIVE_BACK_CHUNK`` of them, then a wait (passive declares, polled with a backoff) until
+    the queue's ready count shows them back. Unpaced, a quorum queue's channel holds returns
+    back once too many are unapplied and later sends them in an order of its own (200 nacks
+    sent at once came back with the last ones first). Another client reading the DLQ at the
+    same time (a second ``dlq inspect``) takes what is given back, so the count may never show
+    it: the first batch not shown back within ``GIVE_BACK_WAIT_S``, or a count below the one
+    before the nack, ends the waiting, and the rest go back one batch per round trip (the
+    order is then not assured, and a warning says so). So a give back waits
+    ``GIVE_BACK_WAIT_S`` at most in all beyond the broker's own pace, not per batch.
 
     A returned message goes behind the messages ready at that moment, so every pass reads the
-    whole DLQ (as it was when the pass started) before giving back: the kept messages are then
-    the whole DLQ, back in its order, behind any message dead-lettered during the pass.
+    whole DLQ (as it was when the pass started), and then what was dead-lettered while it read
+    (:func:`hold_arrivals`), before giving back: the kept messages are then the whole DLQ, back
+    in its order, the newcomers last. Only a message dead-lettered during the give back itself
+    goes ahead of the batches not yet given back.
     """
 
     queue: str = ""
@@ -87,24 +104,44 @@ class Kept:
         declared = await channel.queue_declare(self.queue, passive=True)
         return int(declared.message_count or 0)
 
+    async def _shown_back(self, channel: aiormq.abc.AbstractChannel, before: int, n: int) -> bool:
+        """Wait until the ready count shows ``n`` more than ``before``: False once
+        ``GIVE_BACK_WAIT_S`` passed, or if the count fell below ``before`` (someone reads)."""
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + GIVE_BACK_WAIT_S, POLL_FIRST_S
+        while (ready := await self._ready(channel)) < before + n:
+            if ready < before or loop.time() > deadline:
+                return False
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, POLL_MAX_S)
+        return True
+
     async def give_back(self) -> None:
         channel, tags = self.channel, [tag for _, tag in sorted(self.tags)]
         self.tags = []
         if channel is None or channel.is_closed:
             return  # the broker has returned them with the channel
-        loop = asyncio.get_running_loop()
+        waiting = True
         try:
             for start in range(0, len(tags), GIVE_BACK_CHUNK):
                 chunk = tags[start : start + GIVE_BACK_CHUNK]
-                before = await self._ready(channel)
+                before = await self._ready(channel)  # with the wait given up: the round trip
                 await channel.basic_nack(chunk[-1], multiple=True, requeue=True)
-                deadline = loop.time() + GIVE_BACK_WAIT_S
-                while await self._ready(channel) < before + len(chunk):
-                    if loop.time() > deadline:  # someone else consumes the DLQ: go on
-                        log.warning("the DLQ's ready count lags the nacks; order not assured")
-                        break
+                if waiting and not await self._shown_back(channel, before, len(chunk)):
+                    waiting = False  # another client reads the DLQ: no more waits
+                    log.warning("another client reads the DLQ; its order is not assured")
         except BROKER_ERRORS:  # the rest come back with the channel
             log.debug("nacking back the kept messages failed", exc_info=True)
+
+
+async def hold_arrivals(queue: AbstractQueue, kept: Kept, start: int, bound: int) -> None:
+    """Read and keep what was dead-lettered while the pass read (at most ``bound``, until none
+    is ready), so that it goes back behind the messages the pass read, not ahead of them."""
+    for index in range(start, start + bound):
+        message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
+        if message is None:
+            return
+        kept.add(index, message)
 
 
 Take = Callable[[AbstractIncomingMessage], Awaitable[None]]
@@ -115,9 +152,11 @@ class Pass:
     """One pass that takes messages: the selected ones go to ``take``, which settles them (at
     most ``REPLAY_WINDOW`` at once); the others, and those ``take`` could not settle, are
     nacked back in the order read. After the first failure, or ``limit`` taken, nothing more is
-    taken, but the rest is still read (and kept), so that the order survives."""
+    taken, but the rest is still read (and kept), so that the order survives. With a ``plan``
+    (what a survey showed) only the messages of the plan are taken, each at most once."""
 
     selected: Callable[[str], bool]
+    plan: Plan | None = None
     taken: Groups = field(default_factory=lambda: Groups(0))
     failures: list[str] = field(default_factory=list)
     kept: Kept = field(default_factory=Kept)
@@ -131,6 +170,13 @@ class Pass:
             self.kept.add(index, message)
             return
         self.taken.add(message.headers, message.timestamp, reason_of(message.headers))
+
+    def _chooses(self, message: AbstractIncomingMessage, chosen: int, limit: int | None) -> bool:
+        if self.failures or not self.selected(reason_of(message.headers)):
+            return False
+        if self.plan is not None:
+            return self.plan.spend(message)
+        return limit is None or chosen < limit
 
     async def run(self, queue: AbstractQueue, take: Take, limit: int | None) -> None:
         window = asyncio.Semaphore(REPLAY_WINDOW)
@@ -146,11 +192,7 @@ class Pass:
                 message = await queue.get(no_ack=False, fail=False, timeout=GET_TIMEOUT)
                 if message is None:
                     break
-                if (
-                    (limit is not None and chosen >= limit)
-                    or self.failures
-                    or not self.selected(reason_of(message.headers))
-                ):
+                if not self._chooses(message, chosen, limit):
                     # read to the end all the same: returned messages go behind the ready ones
                     self.kept.add(index, message)
                     continue
@@ -159,6 +201,7 @@ class Pass:
                 task = asyncio.create_task(self._one(take, index, message))
                 task.add_done_callback(done)
                 tasks.add(task)
+            await hold_arrivals(queue, self.kept, self.total, self.total)
             if tasks:
                 await asyncio.gather(*tasks)
         finally:

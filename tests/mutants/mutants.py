@@ -62,6 +62,7 @@ T_WRITER_FAULTS = (
 T_EXACT = "tests/integration/test_exact_amounts.py::"
 T_DLQ = "tests/integration/test_dlq.py::"
 T_BY_REASON = "tests/integration/test_dlq_by_reason.py::"
+T_ARRIVALS = "tests/integration/test_dlq_arrivals.py::"
 T_CLIENTS = "tests/integration/test_other_clients.py::"
 
 SORTED_KEYS_TESTS = (
@@ -626,16 +627,17 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="replay-by-reason-moves-every-reason",
         path="consumer/tools/dlq.py",
-        old="    done = Pass(_every if reason is None else _of_group(reason))\n",
+        old="    done = Pass(_every if reason is None else _of_group(reason), plan=planned)\n",
         new="    done = Pass(_every)\n",
         promise=DLQ_BY_REASON,
         tests=(T_BY_REASON + "test_mixed_dlq_worked_by_reason",),
     ),
     Mutant(
         name="discard-without-its-reason-filter",
+        # the survey shows (and so plans) every reason: the pass takes what it was shown
         path="consumer/tools/dlq.py",
-        old="    done = Pass(_of_group(reason))\n",
-        new="    done = Pass(_every)\n",
+        old="    wanted = _every if reason is None else _of_group(reason)\n",
+        new="    wanted = _every\n",
         promise=DLQ_BY_REASON,
         tests=(
             T_BY_REASON + "test_mixed_dlq_worked_by_reason",
@@ -688,8 +690,8 @@ MUTANTS: tuple[Mutant, ...] = (
         name="kept-messages-nacked-back-in-a-burst",
         # no wait for each batch of nacks: the quorum queue's channel reorders what it holds back
         path="consumer/tools/dlq_pass.py",
-        old="                while await self._ready(channel) < before + len(chunk):\n",
-        new="                while False:\n",
+        old="if waiting and not await self._shown_back(channel, before, len(chunk)):\n",
+        new="if False:\n",
         promise=DLQ_BY_REASON,
         tests=(T_DLQ + "test_inspect_leaves_the_dlq_in_its_order",),
         fast=True,
@@ -861,6 +863,95 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/unit/test_tracing.py::"
             "test_missing_malformed_or_wrongly_typed_headers_give_no_context",
+        ),
+        fast=True,
+    ),
+    # issue 27 (dlq): a discard or replay acts on exactly the messages it showed, found by
+    # fingerprint, whatever is dead-lettered meanwhile; arrivals go back behind; a give back
+    # another reader starves waits GIVE_BACK_WAIT_S at most in all
+    Mutant(
+        name="discard-past-what-it-showed",
+        # the plan dropped: the discard takes the whole group, newcomers never shown included
+        path="consumer/tools/dlq.py",
+        old="    done = Pass(_of_group(reason), plan=planned)\n",
+        new="    done = Pass(_of_group(reason))\n",
+        promise=DLQ_BY_REASON,
+        tests=(
+            T_ARRIVALS + "test_discard_removes_exactly_the_messages_it_showed_while_others_arrive",
+        ),
+    ),
+    Mutant(
+        name="replay-limit-counts-instead-of-identifying",
+        path="consumer/tools/dlq.py",
+        old="    done = Pass(_every if reason is None else _of_group(reason), plan=planned)\n",
+        new="    done = Pass(_every if reason is None else _of_group(reason))\n",
+        promise=DLQ_BY_REASON,
+        tests=(T_ARRIVALS + "test_replay_by_reason_with_a_limit_moves_exactly_the_ones_it_showed",),
+    ),
+    Mutant(
+        name="fingerprint-of-nothing",
+        # every message has one fingerprint: identity becomes a count again
+        path="consumer/tools/dlq_identity.py",
+        old="    return digest.digest()\n",
+        new='    return b""\n',
+        promise=DLQ_BY_REASON,
+        tests=(
+            T_ARRIVALS + "test_discard_removes_exactly_the_messages_it_showed_while_others_arrive",
+        ),
+    ),
+    Mutant(
+        name="fingerprint-with-the-read-count",
+        # the broker's read count in the digest: no message is the one shown a read earlier
+        path="consumer/tools/dlq_identity.py",
+        old="if k != READ_COUNT_HEADER}",
+        new="if k}",
+        promise=DLQ_BY_REASON,
+        tests=(
+            T_ARRIVALS + "test_discard_removes_exactly_the_messages_it_showed_while_others_arrive",
+        ),
+    ),
+    Mutant(
+        name="plan-not-spent",
+        # a fingerprint taken as often as it comes: both copies of a message shown once go
+        path="consumer/tools/dlq_identity.py",
+        old="        self._left[key] -= 1\n",
+        new="        pass\n",
+        promise=DLQ_BY_REASON,
+        tests=(
+            T_ARRIVALS + "test_discard_removes_exactly_the_messages_it_showed_while_others_arrive",
+        ),
+    ),
+    Mutant(
+        name="arrivals-not-held",
+        # what arrived while a pass read is not read: the kept go back behind it
+        path="consumer/tools/dlq_pass.py",
+        old="    for index in range(start, start + bound):\n",
+        new="    for index in range(start, start):\n",
+        promise=DLQ_BY_REASON,
+        tests=(T_ARRIVALS + "test_inspect_and_dry_run_keep_the_order_while_others_arrive",),
+    ),
+    Mutant(
+        name="give-back-waits-every-batch",
+        # a starved give back keeps waiting GIVE_BACK_WAIT_S per batch of 16
+        path="consumer/tools/dlq_pass.py",
+        old="                    waiting = False  # another client reads the DLQ: no more waits\n",
+        new="                    waiting = True\n",
+        promise=DLQ_BY_REASON,
+        tests=(
+            T_ARRIVALS
+            + "test_inspect_gives_back_within_its_bound_while_another_client_reads_the_dlq",
+        ),
+    ),
+    Mutant(
+        name="fingerprint-depends-on-header-order",
+        # the same headers written in another order: a shown message no longer found
+        path="consumer/tools/dlq_identity.py",
+        old="        items = sorted((str(k), _canonical(v)) for k, v in value.items())\n",
+        new="        items = [(str(k), _canonical(v)) for k, v in value.items()]\n",
+        promise=DLQ_BY_REASON,
+        tests=(
+            "tests/unit/test_dlq_identity.py::"
+            "test_the_read_count_and_the_order_of_header_keys_do_not_change_a_fingerprint",
         ),
         fast=True,
     ),

@@ -1,0 +1,327 @@
+"""The DLQ commands while the recorder keeps dead-lettering (issue 27): a DLQ of thousands of
+messages, larger than any prefetch, window or give-back chunk, and a batch of newcomers of the
+same reason dead-lettered in the middle of each pass. A discard or replay acts on exactly the
+messages it showed, message by message; `inspect` and a dry run leave the DLQ in its order,
+the newcomers behind; two inspects at once finish within their stated bound."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import pytest
+
+from consumer.delivery import ERROR_HEADER
+from consumer.tools import dlq_pass
+from consumer.tools.dlq import discard_dlq, inspect_dlq, replay_dlq
+from tests.conftest import Broker, wait_for
+
+pytestmark = [pytest.mark.rabbitmq]
+
+SIZE = 3000  # > REPLAY_WINDOW, > GIVE_BACK_CHUNK, > any prefetch
+TARGET = "invalid JSON"
+OTHER = "missing type property"
+NEWCOMERS = 100
+
+
+def old_id(n: int) -> str:
+    return f"old-{n:04d}"
+
+
+def reason(n: int) -> str:
+    return OTHER if n % 3 == 0 else TARGET
+
+
+def dead_letter_message(message_id: str, why: str) -> aio_pika.Message:
+    return aio_pika.Message(
+        message_id.encode(),
+        message_id=message_id,
+        headers={ERROR_HEADER: why},
+        type="transaction",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    )
+
+
+async def fill(broker: Broker, queue: str) -> list[str]:
+    """SIZE messages in the DLQ, in a known order (one channel, no confirms, sequential)."""
+    connection = await aio_pika.connect(broker.url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=False)
+        exchange = await channel.get_exchange(broker.topology.dead_letter_exchange)
+        for n in range(SIZE):
+            await exchange.publish(dead_letter_message(old_id(n), reason(n)), "transaction")
+        await wait_for(lambda: ready_is(broker, queue, SIZE), timeout=60)
+    return [old_id(n) for n in range(SIZE)]
+
+
+async def ready_is(broker: Broker, queue: str, count: int) -> bool:
+    return await broker.ready_count(queue) == count
+
+
+def batch(prefix: str) -> list[str]:
+    return [f"{prefix}-{n:03d}" for n in range(NEWCOMERS)]
+
+
+@dataclass
+class Arrivals:
+    """Dead-letters batches of newcomers (TARGET reason, confirmed) while the command runs:
+    one of ``on_read`` when a pass has read ``after`` messages (each pass opens its own queue
+    object, and each gets the next batch), one of ``on_give_back`` when a pass starts giving
+    its messages back, after ``copies`` (byte for byte copies of old messages, as a crash
+    between a dead letter's confirm and its ack makes). Deterministic: the pass waits for the
+    confirms."""
+
+    broker: Broker
+    queue: str
+    on_read: list[str]
+    on_give_back: list[str] = field(default_factory=list)
+    copies: list[int] = field(default_factory=list)
+    after: int = SIZE // 2
+    reads: dict[int, int] = field(default_factory=dict)
+    sent: list[list[str]] = field(default_factory=list)
+
+    async def arrive(self, prefix: str) -> None:
+        exchange = await self.broker.channel.get_exchange(self.broker.topology.dead_letter_exchange)
+        for message_id in batch(prefix):
+            await exchange.publish(dead_letter_message(message_id, TARGET), "transaction")
+        self.sent.append(batch(prefix))
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original_get = aio_pika.queue.Queue.get
+        original_give_back = dlq_pass.Kept.give_back
+
+        async def get(q: aio_pika.queue.Queue, *args: Any, **kwargs: Any) -> Any:
+            if q.name == self.queue:
+                self.reads[id(q)] = seen = self.reads.get(id(q), 0) + 1
+                if seen == self.after and self.on_read:
+                    await self.arrive(self.on_read.pop(0))
+            return await original_get(q, *args, **kwargs)
+
+        async def give_back(kept: dlq_pass.Kept) -> None:
+            if self.on_give_back:
+                exchange = await self.broker.channel.get_exchange(
+                    self.broker.topology.dead_letter_exchange
+                )
+                for n in self.copies:
+                    await exchange.publish(dead_letter_message(old_id(n), reason(n)), "x")
+                await self.arrive(self.on_give_back.pop(0))
+            await original_give_back(kept)
+
+        monkeypatch.setattr(aio_pika.queue.Queue, "get", get)
+        monkeypatch.setattr(dlq_pass.Kept, "give_back", give_back)
+
+    def newcomers(self) -> Iterator[str]:
+        return (message_id for batch in self.sent for message_id in batch)
+
+
+async def ids(broker: Broker, queue: str) -> list[str | None]:
+    return [m.message_id for m in await broker.drain(queue)]
+
+
+async def filled_with_arrivals(
+    broker: Broker, dlq: str, monkeypatch: pytest.MonkeyPatch, copies: list[int]
+) -> tuple[list[str], Arrivals]:
+    """A full DLQ; newcomers while each pass reads and as the survey gives back."""
+    olds = await fill(broker, dlq)
+    arrivals = Arrivals(broker, dlq, ["new-survey", "new-pass"], ["new-give-back"], copies)
+    arrivals.install(monkeypatch)
+    return olds, arrivals
+
+
+async def test_discard_removes_exactly_the_messages_it_showed_while_others_arrive(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    copied = 1  # a copy of a shown message dead-lettered again: one of the two goes, not both
+    olds, arrivals = await filled_with_arrivals(broker, dlq, monkeypatch, [copied])
+    out = io.StringIO()
+    assert await discard_dlq(settings, TARGET, lambda question: True, out=out) == 0
+    monkeypatch.undo()
+    shown = [old_id(n) for n in range(SIZE) if reason(n) == TARGET]
+    assert f"would discard {len(shown)} messages of reason {TARGET!r}" in out.getvalue()
+    assert f"discarded {len(shown)} of " in out.getvalue()
+    assert len(arrivals.sent) == 3  # while the survey reads, gives back; while discard reads
+    left = await ids(broker, dlq)
+    gone = [i for i in arrivals.newcomers() if i not in set(left)]
+    assert not gone, f"{len(gone)} newcomers, never shown, were discarded"
+    assert set(shown) & set(left) == {old_id(copied)}, "shown messages were left"
+    # exactly the shown ones are gone (one of the two identical copies), the others in their
+    # order, behind those dead-lettered as the survey gave back, ahead of those dead-lettered
+    # while a pass read
+    others = [i for i in olds if i not in set(shown) or i == old_id(copied)]
+    assert left == batch("new-give-back") + others + batch("new-survey") + batch("new-pass")
+
+
+async def test_replay_by_reason_with_a_limit_moves_exactly_the_ones_it_showed(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds, arrivals = await filled_with_arrivals(broker, dlq, monkeypatch, [])
+    out = io.StringIO()
+    limit = 500
+    assert await replay_dlq(settings, limit, out=out, reason=TARGET) == 0
+    monkeypatch.undo()
+    shown = [old_id(n) for n in range(SIZE) if reason(n) == TARGET][:limit]
+    assert f"would replay {limit} messages of reason {TARGET!r}" in out.getvalue()
+    assert f"replayed {limit} of " in out.getvalue()
+    assert len(arrivals.sent) == 3
+    moved = await ids(broker, settings.rabbitmq_queue)
+    unseen = set(moved) & set(arrivals.newcomers())
+    assert not unseen, f"{len(unseen)} newcomers, never shown, were replayed"
+    assert sorted(i or "" for i in moved) == shown  # the first 500 shown, no newcomer
+    left = await ids(broker, dlq)
+    others = [i for i in olds if i not in set(shown)]
+    assert left == batch("new-give-back") + others + batch("new-survey") + batch("new-pass")
+
+
+@pytest.mark.parametrize("command", ["inspect", "dry-run"])
+async def test_inspect_and_dry_run_keep_the_order_while_others_arrive(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq)
+    arrivals = Arrivals(broker, dlq, ["new"])
+    arrivals.install(monkeypatch)
+    out = io.StringIO()
+    if command == "inspect":
+        assert await inspect_dlq(settings, out=out) == 0
+        assert f"dead-letter queue {dlq}: {SIZE} messages" in out.getvalue()
+    else:
+        assert await replay_dlq(settings, out=out, reason=TARGET, dry_run=True) == 0
+        assert "dry run: nothing moved" in out.getvalue()
+    monkeypatch.undo()
+    assert len(arrivals.sent) == 1
+    assert await ids(broker, dlq) == olds + list(arrivals.newcomers())
+    assert await broker.ready_count(settings.rabbitmq_queue) == 0
+
+
+async def test_two_inspects_at_once_finish_within_the_give_back_bound(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two operators run `dlq inspect` at once: the second starts while the first reads, and
+    reads what the first gives back. Each give back waits for the ready count at most
+    GIVE_BACK_WAIT_S in all (docs/operations.md), and polls it with a backoff, not in a loop."""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    await fill(broker, dlq)
+    declares = 0
+    original_ready = dlq_pass.Kept._ready
+
+    async def counted(self: dlq_pass.Kept, channel: Any) -> int:
+        nonlocal declares
+        declares += 1
+        return await original_ready(self, channel)
+
+    monkeypatch.setattr(dlq_pass.Kept, "_ready", counted)
+    second: list[asyncio.Task[int]] = []
+    original_get = aio_pika.queue.Queue.get
+    reads = 0
+
+    async def get(q: aio_pika.queue.Queue, *args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        if q.name == dlq and not second:
+            reads += 1
+            if reads == SIZE // 2:
+                second.append(asyncio.create_task(inspect_dlq(settings, out=io.StringIO())))
+        return await original_get(q, *args, **kwargs)
+
+    monkeypatch.setattr(aio_pika.queue.Queue, "get", get)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first = await inspect_dlq(settings, out=io.StringIO())
+    assert second
+    assert (first, await second[0]) == (0, 0)
+    took = loop.time() - started
+    monkeypatch.undo()
+    print(f"two inspects at once over {SIZE} messages: {took:.1f} s, {declares} passive declares")
+    assert await ready_is(broker, dlq, SIZE)  # nothing removed
+    # two waits of GIVE_BACK_WAIT_S at most, and the reading and giving back themselves
+    assert took < 2 * dlq_pass.GIVE_BACK_WAIT_S + 30
+    chunks = 2 * SIZE // dlq_pass.GIVE_BACK_CHUNK + 2
+    assert declares < 4 * chunks  # a few polls a chunk, not a tight loop
+
+
+async def test_inspect_gives_back_within_its_bound_while_another_client_reads_the_dlq(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another client reads the DLQ (basic.get, no ack) while `dlq inspect` gives its messages
+    back, as a second inspect's reading does: the ready count never shows the nacked messages
+    back. The give back waits for it GIVE_BACK_WAIT_S at most in all, not per chunk (minutes
+    for thousands of messages), and polls it with a backoff."""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    await fill(broker, dlq)
+    declares = 0
+    original_ready = dlq_pass.Kept._ready
+    giving_back = asyncio.Event()
+
+    async def counted(self: dlq_pass.Kept, channel: Any) -> int:
+        nonlocal declares
+        declares += 1
+        giving_back.set()
+        return await original_ready(self, channel)
+
+    monkeypatch.setattr(dlq_pass.Kept, "_ready", counted)
+    connection = await aio_pika.connect(broker.url)
+    held = 0
+
+    async def read_on(stop: asyncio.Event) -> None:
+        nonlocal held
+        channel = await connection.channel()
+        q = await channel.declare_queue(dlq, passive=True)
+        await giving_back.wait()
+        while not stop.is_set():
+            if await q.get(no_ack=False, fail=False) is not None:
+                held += 1
+
+    loop = asyncio.get_running_loop()
+    bound = dlq_pass.GIVE_BACK_WAIT_S + 30  # its one wait, and the reading and giving back
+    async with connection:
+        stop = asyncio.Event()
+        reader = asyncio.create_task(read_on(stop))
+        started = loop.time()
+        try:
+            async with asyncio.timeout(bound):
+                assert await inspect_dlq(settings, out=io.StringIO()) == 0
+        finally:
+            took = loop.time() - started
+            stop.set()
+            await reader
+            print(f"inspect while another client reads: {took:.1f} s, {declares} declares")
+    monkeypatch.undo()
+    assert held > dlq_pass.GIVE_BACK_CHUNK  # the other client did read what was given back
+    chunks = SIZE // dlq_pass.GIVE_BACK_CHUNK + 1
+    assert declares < 4 * chunks  # a few polls a chunk, not a tight loop
+    await wait_for(lambda: ready_is(broker, dlq, SIZE), timeout=60)  # nothing removed
+
+
+async def test_discard_says_how_many_shown_messages_another_client_took(
+    make_settings, broker: Broker
+) -> None:
+    """Between the question and the discard, another client takes 15 messages (10 of them
+    shown): the discard removes the 1,990 shown that are left, and says 10 were not found."""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq)
+    loop = asyncio.get_running_loop()
+    taken: list[str | None] = []
+
+    def confirm(question: str) -> bool:
+        drained = asyncio.run_coroutine_threadsafe(broker.drain(dlq, limit=15), loop).result()
+        taken.extend(m.message_id for m in drained)
+        return True
+
+    out = io.StringIO()
+    assert await discard_dlq(settings, TARGET, confirm, out=out) == 0
+    assert taken == olds[:15]
+    shown = [i for n, i in enumerate(olds) if reason(n) == TARGET]
+    assert f"discarded {len(shown) - 10} of " in out.getvalue()
+    assert "10 of the messages shown were no longer in the DLQ" in out.getvalue()
+    assert await ids(broker, dlq) == [i for i in olds[15:] if i not in set(shown)]

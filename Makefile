@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-tools node-clients lock lint test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster clean
+.PHONY: install system-tools node-clients lock lint rules test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The prometheus-operator component's PrometheusRule, from deploy/prometheus/alerts.yml.
+rules: $(STAMP)
+	$(BIN)/python -m tests.ops.gen_rules
 
 # Unit, integration (real RabbitMQ + PostgreSQL) and fault suites; then two fast mutants (a
 # different pair each day) that the tests named for their promise must still kill.

@@ -61,7 +61,7 @@ class Recorder:
 
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics(role="recorder")
         self.topology = Topology.from_settings(settings)
         # the two numbers `bulk-recorder tune` weighs the measured holds and attempts against
         self.metrics.delivery_limit.set(settings.rabbitmq_delivery_limit)
@@ -103,7 +103,10 @@ class Recorder:
         self._stopping = False
         self.health: HealthServer | None = None
         self.queue_watch = QueueWatch(
-            self.metrics, self.topology.queue, lambda: self._consuming.connection
+            self.metrics,
+            self.topology.queue,
+            lambda: self._consuming.connection,
+            dlq=self.topology.dead_letter_queue,
         )
 
     # -- readiness ------------------------------------------------------------------------

@@ -11,9 +11,10 @@ import errno
 import logging
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
+from bulk_recorder.infra.metrics import exposition
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,15 @@ class HealthServer:
             parts = request.split(b" ", 2)
             method = parts[0] if parts else b""
             path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
+            headers: dict[str, str] = {}
             if method not in (b"GET", b"HEAD"):
                 status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
             elif path == b"/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self._registry)
+                asked = _headers(request)
+                body, headers = exposition(
+                    self._registry, asked.get("accept", ""), asked.get("accept-encoding", "")
+                )
+                status, ctype = "200 OK", headers.pop("Content-Type")
             elif path == b"/healthz":
                 status, ctype, body = "200 OK", "text/plain", b"ok\n"
             elif path == b"/readyz":
@@ -85,8 +91,9 @@ class HealthServer:
                 ctype, body = "text/plain", (detail + "\n").encode()
             else:
                 status, ctype, body = "404 Not Found", "text/plain", b"not found\n"
+            extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
             head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             ).encode()
             writer.write(head if method == b"HEAD" else head + body)
@@ -95,3 +102,13 @@ class HealthServer:
             pass
         finally:
             writer.close()
+
+
+def _headers(request: bytes) -> dict[str, str]:
+    """The request's header fields, names lower-cased (the request line skipped)."""
+    fields: dict[str, str] = {}
+    for line in request.decode("latin-1").split("\r\n")[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            fields[name.strip().lower()] = value.strip()
+    return fields

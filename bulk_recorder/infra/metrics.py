@@ -1,12 +1,29 @@
-"""Every Prometheus metric of the service in one container (prefix ``bulk_recorder_``).
+"""Every Prometheus metric of the service in one container (prefix ``bulk_recorder_``), and
+the one way to expose them (:func:`exposition`).
 
-Tests pass a fresh :class:`CollectorRegistry` so that runs never share counters.
+Tests pass a fresh :class:`CollectorRegistry` so that runs never share counters. Each registry
+also holds the standard process, platform and GC collectors (``process_*``, ``python_info``,
+``python_gc_*``) and ``bulk_recorder_build_info``.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import gzip
+import platform
 
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import choose_encoder
+
+import bulk_recorder
 from bulk_recorder.infra.held import Held
 from bulk_recorder.infra.histograms import SettleHistogram
 
@@ -15,6 +32,14 @@ FLUSH_REASONS = ("size", "timeout", "shutdown")
 # Why the API refused a request: no key, not a well-formed key, no such key, a revoked key, or a
 # key without the scope the endpoint needs (the only 403).
 AUTH_FAILURE_REASONS = ("missing", "malformed", "unknown", "revoked", "scope")
+# messages_dead_lettered_total{reason}: consumer.delivery.dead_letter_class's three, and a row
+# PostgreSQL refused on its last allowed delivery. Exported at 0 from the start, so that rate()
+# sees the first dead letter (a series born at 1 shows no increase).
+DEAD_LETTER_REASONS = ("decode", "type", "validation", "database")
+# outbox_publish_failures_total{reason}: the relay's four ways a publish goes unconfirmed.
+PUBLISH_FAILURE_REASONS = ("refused", "nacked", "unroutable", "lost")
+# Bodies smaller than this are sent as they are: gzip would cost more than it saves.
+_GZIP_MIN_BYTES = 1024
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -46,10 +71,16 @@ ATTEMPT_OUTCOMES = ("recorded", "dead_lettered")
 class Metrics:
     """The contract metrics of docs/reference.md, plus a few that operators ask for."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, role: str = "") -> None:
+        # No ``*_created`` series: they double the counters' series and no query of the
+        # dashboard or the alerts reads them. prometheus_client has one switch for the whole
+        # process, read at each collect; every role wants it off, so the container turns it off
+        # (not an import: importing this module changes nothing).
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         p = "bulk_recorder_"
+        self._standard_metrics(r, p, role)
         self._delivery_metrics(r, p)
         self._settle_metrics(r, p)
         self._write_metrics(r, p)
@@ -60,6 +91,25 @@ class Metrics:
                 counter.labels(table=table)
         for reason in FLUSH_REASONS:
             self.flushes.labels(reason=reason)
+        for reason in DEAD_LETTER_REASONS:
+            self.messages_dead_lettered.labels(reason=reason)
+        for reason in PUBLISH_FAILURE_REASONS:
+            self.outbox_publish_failures.labels(reason=reason)
+
+    def _standard_metrics(self, r: CollectorRegistry, p: str, role: str) -> None:
+        """RSS, CPU, open fds, the Python version and GC of this process, and what is running."""
+        ProcessCollector(registry=r)  # process_*: RSS, CPU seconds, open fds, start time
+        PlatformCollector(registry=r)  # python_info{version, implementation}
+        GCCollector(registry=r)  # python_gc_*: collections, collected and uncollectable objects
+        self.build_info = Gauge(
+            p + "build_info",
+            "Always 1: the version of bulk-recorder, the Python and the role of this process.",
+            ["version", "python", "role"],
+            registry=r,
+        )
+        self.build_info.labels(
+            version=bulk_recorder.__version__, python=platform.python_version(), role=role
+        ).set(1)
 
     def _delivery_metrics(self, r: CollectorRegistry, p: str) -> None:
         """The recorder's deliveries: received, acked, rejected, released, dropped, DLQ."""
@@ -191,6 +241,12 @@ class Metrics:
             "Consumers attached to the recorder's queue, from every recorder (passive declare).",
             registry=r,
         )
+        self.dlq_messages = Gauge(
+            p + "dlq_messages",
+            "Messages waiting in the dead-letter queue (<queue>.dlq), dead-lettered by the "
+            "recorder or by the broker past x-delivery-limit (passive declare, every few s).",
+            registry=r,
+        )
 
     def _producer_metrics(self, r: CollectorRegistry, p: str) -> None:
         """Producer side: the outbox relay and the ingest API."""
@@ -251,3 +307,26 @@ class Metrics:
         )
         for reason in AUTH_FAILURE_REASONS:
             self.api_auth_failures.labels(reason=reason)
+
+
+def exposition(
+    registry: CollectorRegistry, accept: str = "", accept_encoding: str = ""
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a scrape, as prometheus_client's own server would answer it:
+    OpenMetrics when the scraper asks for it (Accept), the text format otherwise, gzip when it
+    accepts that (Accept-Encoding) and the body is worth it.
+
+    Both servers call this: the recorder's and the relay's small asyncio server (which also
+    answers /healthz and /readyz on the same port, in the event loop) and the API's route.
+    prometheus_client's ``start_http_server`` would be a second port and a thread of its own,
+    and its ``make_asgi_app`` runs collection outside the API's route (which first reads the
+    outbox's figures); its encoder choice and gzip are what matter, and they are used here.
+    """
+    encoder, content_type = choose_encoder(accept)
+    body: bytes = encoder(registry)
+    headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
+    wants_gzip = "gzip" in [part.split(";")[0].strip() for part in accept_encoding.split(",")]
+    if wants_gzip and len(body) >= _GZIP_MIN_BYTES:
+        body = gzip.compress(body, compresslevel=1)
+        headers["Content-Encoding"] = "gzip"
+    return body, headers

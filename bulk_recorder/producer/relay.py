@@ -100,7 +100,7 @@ class Relay:
         declare: Declare | None = None,
     ) -> None:
         self.settings = settings
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics(role="relay")
         self.config = config or RelayConfig()
         self.exchange = settings.rabbitmq_exchange
         self._declare = declare

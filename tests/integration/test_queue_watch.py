@@ -8,7 +8,7 @@ import pytest
 from bulk_recorder.infra.metrics import Metrics
 from consumer.queue_watch import QueueWatch
 from consumer.topology import declare_topology
-from tests.conftest import Broker, Services
+from tests.conftest import Broker, Services, wait_for
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -42,5 +42,48 @@ async def test_a_deleted_queue_reads_no_messages_and_no_consumers_not_the_last_c
         await broker.publish(b"{}", "transaction")
         assert await watch.look()
         assert _gauges(metrics) == (1, 0)
+    finally:
+        await connection.close()
+
+
+async def test_the_dlq_depth_counts_every_dead_letter_the_recorder_did_not_count_too(
+    services: Services, broker: Broker
+) -> None:
+    """bulk_recorder_dlq_messages reads <queue>.dlq as the queue gauges read the queue: a
+    message the broker dead-letters (here a reject without requeue, as past x-delivery-limit)
+    is in it, though no recorder counted it; a deleted DLQ reads 0, never the last count."""
+    topo = broker.topology
+    connection = await aio_pika.connect(services.rabbitmq_url)
+    try:
+        metrics = Metrics()
+        watch = QueueWatch(metrics, topo.queue, lambda: connection, dlq=topo.dead_letter_queue)
+        dlq = "bulk_recorder_dlq_messages"
+        assert await watch.look()
+        assert metrics.registry.get_sample_value(dlq) == 0
+        await broker.publish_many([(b"{}", "transaction")] * 3)
+        queue = await broker.channel.get_queue(topo.queue)
+        for _ in range(3):
+            message = await queue.get(timeout=10)
+            await message.reject(requeue=False)  # the broker dead-letters it to the DLX
+
+        async def three_dead_letters() -> bool:
+            return await broker.ready_count(topo.dead_letter_queue) == 3
+
+        await wait_for(three_dead_letters, timeout=10)
+        assert await watch.look()
+        assert metrics.registry.get_sample_value(dlq) == 3
+        assert _gauges(metrics) == (0, 0)  # the main queue's look is unchanged
+        dead_lettered = "bulk_recorder_messages_dead_lettered_total"
+        assert (
+            sum(
+                metrics.registry.get_sample_value(dead_lettered, {"reason": r}) or 0
+                for r in ("decode", "type", "validation", "database")
+            )
+            == 0
+        )  # the broker's dead letters: only the depth sees them
+        await broker.channel.queue_delete(topo.dead_letter_queue)
+        assert await watch.look()
+        assert metrics.registry.get_sample_value(dlq) == 0
+        assert _gauges(metrics) == (0, 0)
     finally:
         await connection.close()

@@ -955,4 +955,139 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    # issue 29 (monitoring): standard metrics, the DLQ's depth, alerts and a dashboard that keep
+    # environments apart, runbooks, and the PrometheusRule generated from the alert rules.
+    Mutant(
+        name="created-series-exported",
+        path="bulk_recorder/infra/metrics.py",
+        old="        disable_created_metrics()  # type: ignore[no-untyped-call]\n",
+        new="",
+        promise="Operable",
+        tests=(
+            "tests/integration/test_standard_metrics.py::"
+            "test_a_running_role_serves_the_standard_collectors_build_info_and_no_created_series",
+        ),
+    ),
+    Mutant(
+        name="process-collector-not-registered",
+        path="bulk_recorder/infra/metrics.py",
+        old="        ProcessCollector(registry=r)  # process_*",
+        new="        ProcessCollector  # process_*",
+        promise="Operable",
+        tests=(
+            "tests/integration/test_standard_metrics.py::"
+            "test_a_running_role_serves_the_standard_collectors_build_info_and_no_created_series",
+        ),
+    ),
+    Mutant(
+        name="build-info-without-the-version",
+        path="bulk_recorder/infra/metrics.py",
+        old="version=bulk_recorder.__version__, python=",
+        new='version="", python=',
+        promise="Operable",
+        tests=(
+            "tests/integration/test_standard_metrics.py::"
+            "test_a_running_role_serves_the_standard_collectors_build_info_and_no_created_series",
+        ),
+    ),
+    Mutant(
+        name="dead-letter-reasons-not-initialised",
+        path="bulk_recorder/infra/metrics.py",
+        old="            self.messages_dead_lettered.labels(reason=reason)\n",
+        new="            pass\n",
+        promise="Operable",
+        tests=(
+            "tests/integration/test_standard_metrics.py::"
+            "test_a_running_role_serves_the_standard_collectors_build_info_and_no_created_series",
+        ),
+    ),
+    Mutant(
+        name="publish-failure-reasons-not-initialised",
+        path="bulk_recorder/infra/metrics.py",
+        old="            self.outbox_publish_failures.labels(reason=reason)\n",
+        new="            pass\n",
+        promise="Operable",
+        tests=(
+            "tests/integration/test_standard_metrics.py::"
+            "test_a_running_role_serves_the_standard_collectors_build_info_and_no_created_series",
+        ),
+    ),
+    Mutant(
+        name="openmetrics-never-negotiated",
+        path="bulk_recorder/infra/metrics.py",
+        old="    encoder, content_type = choose_encoder(accept)\n",
+        new='    encoder, content_type = choose_encoder("")\n',
+        promise="Operable",
+        tests=(
+            "tests/integration/test_standard_metrics.py::"
+            "test_a_running_role_negotiates_openmetrics_and_gzip_as_prometheus_asks",
+        ),
+    ),
+    Mutant(
+        name="metrics-never-gzipped",
+        path="bulk_recorder/infra/metrics.py",
+        old="    if wants_gzip and len(body) >= _GZIP_MIN_BYTES:\n",
+        new="    if False:\n",
+        promise="Operable",
+        tests=(
+            "tests/integration/test_standard_metrics.py::"
+            "test_a_running_role_negotiates_openmetrics_and_gzip_as_prometheus_asks",
+        ),
+    ),
+    Mutant(
+        name="dlq-depth-not-read",
+        path="consumer/queue_watch.py",
+        old="        dead_letters, _ = await self._count(connection, self.dlq)\n",
+        new="        dead_letters = 0\n",
+        promise="Operable",
+        tests=(
+            "tests/integration/test_queue_watch.py::"
+            "test_the_dlq_depth_counts_every_dead_letter_the_recorder_did_not_count_too",
+        ),
+    ),
+    Mutant(
+        name="alert-consumers-across-namespaces",
+        path="deploy/prometheus/alerts.yml",
+        old='max by (namespace) (bulk_recorder_queue_consumers{job="recorder"}) == 0',
+        new='max(bulk_recorder_queue_consumers{job="recorder"}) == 0',
+        promise="Operable",
+        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
+        fast=True,
+    ),
+    Mutant(
+        name="dashboard-query-ignores-the-namespace",
+        path="deploy/grafana/dashboards/bulk-recorder.json",
+        old='"expr": "up{namespace=~\\"$namespace\\", job=~\\"$job\\", job=~',
+        new='"expr": "up{job=~\\"$job\\", job=~',
+        promise="Operable",
+        tests=(
+            "tests/ops/test_dashboard.py::"
+            "test_every_query_filters_by_namespace_and_job_and_keeps_namespaces_apart",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="runbook-section-missing",
+        path="docs/operations.md",
+        old="### QueueNotConsumed\n",
+        new="### When the queue is not consumed\n",
+        promise="Operable",
+        tests=(
+            "tests/ops/test_alerts.py::"
+            "test_every_runbook_url_leads_to_a_section_of_the_operations_guide",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="prometheus-rule-not-regenerated",
+        path="deploy/prometheus/alerts.yml",
+        old='expr: bulk_recorder_paused{job="recorder"} == 1\n        for: 1m',
+        new='expr: bulk_recorder_paused{job="recorder"} == 1\n        for: 2m',
+        promise="Operable",
+        tests=(
+            "tests/ops/test_kubernetes.py::"
+            "test_the_prometheus_rule_is_generated_from_the_alert_rules_and_rendered",
+        ),
+        fast=True,
+    ),
 )

@@ -44,7 +44,7 @@ DOCKERFILE = REPO / "Dockerfile"
 RENDERED = ("base", "overlays/dev", "overlays/production")
 # The oldest Kubernetes the manifests claim, and the newest kubernetes-validate knows.
 SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
-CUSTOM_KINDS = {"PodMonitor", "ScaledObject", "TriggerAuthentication"}
+CUSTOM_KINDS = {"PodMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication"}
 # Workload name -> the bulk-recorder command it runs.
 COMMANDS = {"recorder": "consume", "relay": "relay", "api": "api", "migrate": "migrate"}
 # Workload -> the Secret keys it may read, by the setting they feed.
@@ -561,3 +561,36 @@ def test_the_overlays_scale_and_place_the_roles_as_documented(
                 assert obj["metadata"].get("namespace") == namespace, (name, obj["kind"])
     assert not CUSTOM_KINDS & {o["kind"] for o in renders["overlays/dev"]}, "dev needs no CRD"
     assert {o["kind"] for o in renders["overlays/production"]} >= CUSTOM_KINDS
+
+
+def test_the_prometheus_rule_is_generated_from_the_alert_rules_and_rendered(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Issue 29: one source for the alerts. The committed PrometheusRule is exactly what
+    ``python -m tests.ops.gen_rules`` writes from deploy/prometheus/alerts.yml, and the overlay
+    with the prometheus-operator component renders it, groups and all, next to the PodMonitor
+    that gives the rules their job and namespace labels."""
+    from tests.ops.conftest import alert_rules
+    from tests.ops.gen_rules import PROMETHEUS_RULE, prometheus_rule, render
+
+    assert PROMETHEUS_RULE.read_text() == render(), (
+        f"{PROMETHEUS_RULE.relative_to(REPO)} is stale: run python -m tests.ops.gen_rules"
+    )
+    (rendered,) = _of_kind(renders["overlays/production"], "PrometheusRule").values()
+    expected = prometheus_rule()
+    assert rendered["apiVersion"] == expected["apiVersion"]
+    assert rendered["metadata"]["namespace"] == "bulk-recorder"
+    assert rendered["metadata"]["labels"] == {
+        **expected["metadata"]["labels"],
+        **rendered["metadata"]["labels"],
+    }
+    # Field names of the PrometheusRule CRD, spelled as it spells them.
+    assert set(rendered["spec"]) == {"groups"}
+    for group in rendered["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules", "partial_response_strategy"}
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "record", "expr", "for", "labels", "annotations"}
+    assert rendered["spec"] == expected["spec"]
+    alerts = [r["alert"] for g in rendered["spec"]["groups"] for r in g["rules"]]
+    assert alerts == [str(rule["alert"]) for rule in alert_rules()]
+    assert _of_kind(renders["overlays/production"], "PodMonitor"), "rules without their scrape"

@@ -49,6 +49,11 @@ CLI = str(Path(sys.executable).with_name("bulk-recorder"))
 DASHBOARD = GRAFANA_DIR / "dashboards" / "bulk-recorder.json"
 # Grafana's $__rate_interval, for this test: the whole run fits in one minute of samples.
 RATE_WINDOW = "1m"
+# The dashboard's variables as Grafana fills them: the compose stack's namespace (what
+# prometheus.yml labels its targets with, kept by this test's config) and every role chosen
+# (a multi-value variable is written as a regex alternation). A panel that filtered on another
+# label, or none, would draw nothing and fail here.
+VARIABLES = {"$namespace": "compose", "$job": "(recorder|relay|api)"}
 
 # For each alert: parts of its expression (as written in alerts.yml, whitespace aside) that must
 # return series on the live pipeline. That proves the metric names, the job labels and the
@@ -56,19 +61,26 @@ RATE_WINDOW = "1m"
 ALERT_PROBES: dict[str, list[str]] = {
     # absent(x) is empty exactly when x has series, and `x == 0` is empty while x is 1.
     "BulkRecorderDown": ['up{job="recorder"}'],
-    "BulkRecorderAbsent": ['up{job="recorder"}'],
+    # absent(...) is empty while anything is scraped; the per-namespace counts have series.
+    "BulkRecorderAbsent": [
+        'count by (namespace) (up{job=~"relay|api"})',
+        'count by (namespace) (up{job="recorder"})',
+    ],
     "OutboxRelayDown": ['up{job="relay"}'],
-    "OutboxRelayAbsent": ['up{job="relay"}'],
+    "OutboxRelayAbsent": [
+        'count by (namespace) (up{job=~"recorder|api"})',
+        'count by (namespace) (up{job="relay"})',
+    ],
     "IngestApiDown": ['up{job="api"}'],
     "RecorderPaused": ['bulk_recorder_paused{job="recorder"}'],
     "RecorderDbRetriesClimbing": [
-        'sum by (instance) (rate(bulk_recorder_db_retries_total{job="recorder"}[5m]))'
+        "sum by (namespace, job, instance) "
+        '(rate(bulk_recorder_db_retries_total{job="recorder"}[5m]))'
     ],
-    # The second branch, `(x unless x offset 5m) and on (job, instance) (up offset 5m)`, needs
-    # five minutes of history; its selectors are the ones probed here.
+    # Every reason is exported at 0 from the start: each has a series.
     "DeadLettersArriving": [
-        'sum by (reason) (rate(bulk_recorder_messages_dead_lettered_total{job="recorder"}[5m]))',
-        'bulk_recorder_messages_dead_lettered_total{job="recorder"}',
+        "sum by (namespace, job, reason) "
+        '(rate(bulk_recorder_messages_dead_lettered_total{job="recorder"}[5m]))',
     ],
     # The live gauge; the +Inf bucket and the 1200 s one (written "1200.0"): both must match.
     "DeliveryHeldNearConsumerTimeout": [
@@ -78,39 +90,45 @@ ALERT_PROBES: dict[str, list[str]] = {
         '{job="recorder", le=~"1200(\\\\.0)?"}[15m])',
     ],
     "RecorderCommitSlow": [
-        "histogram_quantile(0.99, sum by (instance, le) "
+        "histogram_quantile(0.99, sum by (namespace, job, instance, le) "
         '(rate(bulk_recorder_flush_duration_seconds_bucket{job="recorder"}[5m])))'
     ],
     "OutboxStalled": [
-        'max(bulk_recorder_outbox_backlog{job=~"relay|api"})',
-        'sum(increase(bulk_recorder_outbox_published_total{job="relay"}[10m]))',
+        'max by (namespace) (bulk_recorder_outbox_backlog{job=~"relay|api"})',
+        'sum by (namespace) (increase(bulk_recorder_outbox_published_total{job="relay"}[10m]))',
     ],
-    "OutboxOldestTooOld": ['max(bulk_recorder_outbox_oldest_age_seconds{job=~"relay|api"})'],
-    # Has a series because the test makes the broker return a publish (the queue unbound).
+    "OutboxOldestTooOld": [
+        'max by (namespace) (bulk_recorder_outbox_oldest_age_seconds{job=~"relay|api"})'
+    ],
+    # Every reason is exported at 0 from the start; the test also makes the broker return a
+    # publish (the queue unbound), so unroutable moves.
     "OutboxPublishFailing": [
-        'sum by (reason) (rate(bulk_recorder_outbox_publish_failures_total{job="relay"}[5m]))'
+        "sum by (namespace, job, reason) "
+        '(rate(bulk_recorder_outbox_publish_failures_total{job="relay"}[5m]))'
     ],
     "OutboxRowsParked": ['increase(bulk_recorder_outbox_parked_total{job="relay"}[15m])'],
     "PipelineNotConsuming": [
-        'sum(rate(bulk_recorder_outbox_published_total{job="relay"}[5m]))',
-        'sum(rate(bulk_recorder_messages_received_total{job="recorder"}[5m]))',
+        'sum by (namespace) (rate(bulk_recorder_outbox_published_total{job="relay"}[5m]))',
+        'sum by (namespace) (rate(bulk_recorder_messages_received_total{job="recorder"}[5m]))',
     ],
     "QueueWithoutConsumers": [
-        'max(bulk_recorder_queue_messages{job="recorder"})',
-        'max(bulk_recorder_queue_consumers{job="recorder"})',
+        'max by (namespace) (bulk_recorder_queue_messages{job="recorder"})',
+        'max by (namespace) (bulk_recorder_queue_consumers{job="recorder"})',
     ],
     "QueueNotConsumed": [
-        'min(time() - bulk_recorder_last_delivery_timestamp_seconds{job="recorder"})',
-        'max(bulk_recorder_queue_messages{job="recorder"})',
+        "min by (namespace) "
+        '(time() - bulk_recorder_last_delivery_timestamp_seconds{job="recorder"})',
+        'max by (namespace) (bulk_recorder_queue_messages{job="recorder"})',
     ],
     "NothingArriving": [
-        'max(bulk_recorder_outbox_backlog{job=~"relay|api"})',
-        'max(bulk_recorder_queue_messages{job="recorder"})',
-        'max(bulk_recorder_outbox_last_publish_timestamp_seconds{job="relay"})',
+        'max by (namespace) (bulk_recorder_outbox_backlog{job=~"relay|api"})',
+        'max by (namespace) (bulk_recorder_queue_messages{job="recorder"})',
+        'max by (namespace) (bulk_recorder_outbox_last_publish_timestamp_seconds{job="relay"})',
     ],
     # The numerator differs only by status=~"5..": a healthy API answers no 5xx.
     "IngestApiErrors": [
-        'sum(rate(bulk_recorder_api_requests_total{job="api", route=~"/v1/.*"}[5m]))'
+        "sum by (namespace, job) "
+        '(rate(bulk_recorder_api_requests_total{job="api", route=~"/v1/.*"}[5m]))'
     ],
 }
 
@@ -169,7 +187,8 @@ async def running_stack(log_dir: Path) -> AsyncIterator[Stack]:
 
 
 def prometheus_config(ports: dict[str, int], scrape_interval: str = "1s") -> dict[str, Any]:
-    """deploy/prometheus/prometheus.yml with its jobs pointed at local ports, 1 s scrapes."""
+    """deploy/prometheus/prometheus.yml with its jobs pointed at local ports, 1 s scrapes; its
+    relabelling (the namespace label) kept."""
     config: dict[str, Any] = load_yaml(PROMETHEUS_CONFIG)
     jobs = {job["job_name"] for job in config["scrape_configs"]}
     assert jobs == set(ports), (
@@ -189,12 +208,15 @@ def prometheus_config(ports: dict[str, int], scrape_interval: str = "1s") -> dic
 
 
 def panel_queries() -> list[tuple[str, str]]:
-    """(panel title and refId, query with $__rate_interval filled in) for every panel target."""
+    """(panel title and refId, query with $__rate_interval and the dashboard's variables filled
+    in) for every panel target."""
     dashboard = json.loads(DASHBOARD.read_text())
     out = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             expr = target["expr"].replace("$__rate_interval", RATE_WINDOW)
+            for variable, value in VARIABLES.items():
+                expr = expr.replace(variable, value)
             assert "$" not in expr, f"{panel['title']}: a variable this test cannot fill: {expr}"
             out.append((f"{panel['title']} [{target['refId']}]", expr))
     return out
@@ -521,4 +543,7 @@ def test_prometheus_config_for_the_live_test_keeps_every_job_and_the_rules() -> 
     assert [job["job_name"] for job in config["scrape_configs"]] == ["recorder", "relay", "api"]
     assert config["rule_files"] == [str(ALERTS)]
     for job in config["scrape_configs"]:
-        assert set(job) == {"job_name", "static_configs"}, job
+        assert set(job) == {"job_name", "static_configs", "relabel_configs"}, job
+        assert {"target_label": "namespace", "replacement": VARIABLES["$namespace"]} in (
+            job["relabel_configs"]
+        ), job

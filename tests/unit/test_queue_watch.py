@@ -39,3 +39,4 @@ async def test_no_connection_is_no_look_and_the_queue_gauges_read_unknown_not_st
     assert not await QueueWatch(metrics, "q", lambda: None).look()
     for name in ("bulk_recorder_queue_messages", "bulk_recorder_queue_consumers"):
         assert math.isnan(metrics.registry.get_sample_value(name) or 0.0), name
+    assert math.isnan(metrics.registry.get_sample_value("bulk_recorder_dlq_messages") or 0.0)

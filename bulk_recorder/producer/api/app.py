@@ -112,7 +112,7 @@ def create_app(
     pool_max_size: int = 10,
 ) -> FastAPI:
     """Build the ASGI app. The lifespan migrates the schema and opens the connection pool."""
-    ctx = ApiContext(settings, metrics or Metrics(), max_job_lines, pool_max_size)
+    ctx = ApiContext(settings, metrics or Metrics(role="api"), max_job_lines, pool_max_size)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -10,9 +10,9 @@ from typing import Annotated, Any, Final, cast
 
 from fastapi import FastAPI, Header, Path, Request
 from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bulk_recorder.infra.errors import DB_ERRORS
+from bulk_recorder.infra.metrics import exposition
 from bulk_recorder.producer.api.auth import AUTH_RESPONSES, JobReader, JobWriter, TransactionWriter
 from bulk_recorder.producer.api.body import checked_idempotency_key, media_type_of, read_limited
 from bulk_recorder.producer.api.context import ApiContext
@@ -113,14 +113,19 @@ def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
         return PlainTextResponse("database up\n")
 
     @app.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
-    async def metrics_endpoint() -> Response:
+    async def metrics_endpoint(request: Request) -> Response:
         """Prometheus metrics; outbox backlog and oldest age are read at scrape time."""
         try:
             async with ctx.db.acquire(timeout=2) as conn:
                 record_stats(ctx.metrics, await outbox_stats(conn))
         except (ApiError, *DB_ERRORS) as exc:
             log.debug("outbox stats unavailable: %s", exc)
-        return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        body, headers = exposition(
+            ctx.metrics.registry,
+            request.headers.get("accept", ""),
+            request.headers.get("accept-encoding", ""),
+        )
+        return Response(body, headers=headers)
 
 
 def add_transaction_routes(app: FastAPI, ctx: ApiContext) -> None:

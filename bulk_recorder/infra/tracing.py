@@ -36,6 +36,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from bulk_recorder.masking import masked
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def configure(settings: Settings, role: str) -> bool:
     _tracer = provider.get_tracer("bulk_recorder", __version__)
     log.info(
         "tracing on: spans to %s, sampler %s%s",
-        re.sub(r"//[^/@]*@", "//", url),  # never a password in a log line
+        masked(url),  # never a password in a log line
         settings.otel_traces_sampler,
         f" ({_ratio(settings)})" if settings.otel_traces_sampler in _RATIO_SAMPLERS else "",
     )

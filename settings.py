@@ -365,6 +365,12 @@ def _from_files(environ: Mapping[str, str]) -> dict[str, str]:
             raise SettingsError(
                 f"invalid settings: {name}_FILE: cannot read {path!r} ({reason})"
             ) from None
+        if any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 for char in value):
+            # NULs between the letters: UTF-16 without its BOM; never echoed (nor its letters)
+            raise SettingsError(
+                f"invalid settings: {name}_FILE: {path!r} holds control characters (not one "
+                "line of UTF-8 text: UTF-16?)"
+            )
         if not value:
             raise SettingsError(f"invalid settings: {name}_FILE: {path!r} is empty")
         found[field] = value

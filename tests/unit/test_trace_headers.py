@@ -41,7 +41,9 @@ def test_a_tracestate_is_cut_to_32_members_and_512_characters(state: str) -> Non
         assert bounded.split(",") == [m for m in state.split(",") if m in bounded.split(",")]
     context = tracing.span_context_of({"traceparent": PARENT, "tracestate": state})
     assert context is not None  # the parent is kept: only the state is cut
-    assert len(context.trace_state.to_header()) <= 512
+    # what is propagated is the bounded state (OpenTelemetry alone drops every member of a
+    # tracestate over 32 members, or with one member it refuses)
+    assert context.trace_state.to_header() == (bounded or "")
 
 
 def test_the_first_whole_members_are_kept() -> None:

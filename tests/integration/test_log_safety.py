@@ -57,7 +57,7 @@ def receiver() -> Iterator[OtlpReceiver]:
     r.stop()
 
 
-async def test_hostile_tracestate_headers_do_not_grow_the_api_log(
+async def test_hostile_trace_headers_and_paths_neither_forge_nor_grow_the_api_log(
     make_settings, db, tmp_path: Path, receiver: OtlpReceiver
 ) -> None:
     """Ten unauthenticated requests (401) with a 60 KB ``tracestate``, ten with a line break

@@ -953,7 +953,7 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=LOGS,
         tests=(
             "tests/integration/test_log_safety.py::"
-            "test_hostile_tracestate_headers_do_not_grow_the_api_log",
+            "test_hostile_trace_headers_and_paths_neither_forge_nor_grow_the_api_log",
         ),
     ),
     Mutant(
@@ -964,7 +964,7 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=LOGS,
         tests=(
             "tests/integration/test_log_safety.py::"
-            "test_hostile_tracestate_headers_do_not_grow_the_api_log",
+            "test_hostile_trace_headers_and_paths_neither_forge_nor_grow_the_api_log",
         ),
     ),
     Mutant(

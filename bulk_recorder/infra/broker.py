@@ -18,7 +18,7 @@ import aio_pika
 
 from bulk_recorder.exceptions import EXIT_TOPOLOGY, BulkRecorderError
 from bulk_recorder.infra.errors import BROKER_ERRORS
-from bulk_recorder.masking import endpoint
+from bulk_recorder.masking import endpoint as endpoint  # for the callers that name it here
 
 log = logging.getLogger(__name__)
 

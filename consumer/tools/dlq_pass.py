@@ -20,9 +20,8 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
-from bulk_recorder.infra.broker import BrokerNodes, split_urls
+from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
 from bulk_recorder.infra.errors import BROKER_ERRORS
-from bulk_recorder.masking import endpoint
 from consumer.tools.dlq_groups import Groups, reason_of
 from settings import Settings
 

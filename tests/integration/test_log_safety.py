@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -47,14 +46,6 @@ def test_migrate_never_prints_a_password_from_database_url_file(tmp_path: Path, 
 FORGED = "FORGED LINE: the ledger is corrupt"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 HOSTILE_STATE = "k=" + "v" * 60_000  # one 60 KB member, refused whole
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    r = OtlpReceiver()
-    r.start()
-    yield r
-    r.stop()
 
 
 async def test_hostile_trace_headers_and_paths_neither_forge_nor_grow_the_api_log(

@@ -5,6 +5,8 @@ settings errors, ``endpoint()`` and the log formatter."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from bulk_recorder.masking import endpoint, masked
@@ -81,3 +83,21 @@ def test_a_settings_error_never_shows_the_password(
         load_settings()
     assert name in str(caught.value)
     assert SECRET not in str(caught.value)
+
+
+def test_the_tracing_start_up_line_masks_the_endpoints_secrets(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bulk_recorder.infra import tracing
+
+    monkeypatch.setenv(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://u:p@s3cr3t@127.0.0.1:1/v1/traces?token=s3cr3t"
+    )
+    caplog.set_level(logging.INFO, logger="bulk_recorder.infra.tracing")
+    try:
+        assert tracing.configure(load_settings(), "relay")
+    finally:
+        tracing.shutdown()
+    line = next(r.getMessage() for r in caplog.records if "tracing on" in r.getMessage())
+    assert "127.0.0.1:1/v1/traces" in line
+    assert SECRET not in line

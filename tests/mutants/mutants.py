@@ -988,4 +988,25 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="endpoint-shows-a-password-holding-a-slash",
+        path="bulk_recorder/masking.py",
+        old="    parts = urlsplit(masked(url))\n",
+        new="    parts = urlsplit(url)\n",
+        promise=LOGS,
+        tests=("tests/unit/test_masking.py::test_endpoint_names_host_and_path_only",),
+        fast=True,
+    ),
+    Mutant(
+        name="tracing-start-up-line-unmasked",
+        path="bulk_recorder/infra/tracing.py",
+        old="        masked(url),  # never a password in a log line\n",
+        new="        url,\n",
+        promise=LOGS,
+        tests=(
+            "tests/unit/test_masking.py::"
+            "test_the_tracing_start_up_line_masks_the_endpoints_secrets",
+        ),
+        fast=True,
+    ),
 )

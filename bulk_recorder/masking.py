@@ -25,26 +25,47 @@ MASK = "***"
 SECRET_PARAMETERS = frozenset(
     {"password", "passwd", "sslpassword", "token", "access_token", "api_key", "apikey", "secret"}
 )
-# A URL runs from its scheme to white space, a quote, or the next URL's scheme.
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://((?:(?![A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"])*)")
+# Every pattern here is linear in the text: a log line may quote 60 KB from outside.
 _NAMES = "|".join(sorted(SECRET_PARAMETERS))
 _KEYWORD = re.compile(r"(?i)(?<![\w.%-])(" + _NAMES + r")(\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
-# ``user:password@host`` with no scheme, as one token
-_BARE_USERINFO = re.compile(
-    r"(?<![^\s'\"(,=])([^\s'\"/@:]*):[^\s'\"]*@(?=[^\s'\"@]*(?:[\s'\"]|\Z))"
-)
+_WORD_END = re.compile(r"[\s'\"]")  # a URL or a bare ``user:pass@host`` ends there
+_WORD = re.compile(r"[^\s'\"]+")
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
+_MAX_SCHEME = 32
 
 
 def masked(text: str) -> str:
     """``text`` with every password in it replaced by ``***`` (see the module's docstring)."""
     out: list[str] = []
     last = 0
-    for match in _URL.finditer(text):
-        out.append(_masked_words(text[last : match.start(1)]))
-        out.append(_masked_rest(match[1]))
-        last = match.end()
+    starts = _url_starts(text)
+    for number, (start, rest) in enumerate(starts):
+        if start < last:  # inside the URL before it (``http://a/?next=https://...``)
+            continue
+        following = starts[number + 1][0] if number + 1 < len(starts) else len(text)
+        end = _WORD_END.search(text, rest, following)
+        stop = end.start() if end else following
+        out.append(_masked_words(text[last:rest]))
+        out.append(_masked_rest(text[rest:stop]))
+        last = stop
     out.append(_masked_words(text[last:]))
     return "".join(out)
+
+
+def _url_starts(text: str) -> list[tuple[int, int]]:
+    """(where its scheme starts, where what follows ``://`` starts) of each URL in ``text``."""
+    found: list[tuple[int, int]] = []
+    at = text.find("://")
+    while at >= 0:
+        start = at
+        while start > max(0, at - _MAX_SCHEME) and text[start - 1] in _SCHEME_CHARS:
+            start -= 1
+        while start < at and not text[start].isalpha():  # a scheme begins with a letter
+            start += 1
+        if start < at:
+            found.append((start, at + 3))
+        at = text.find("://", at + 3)
+    return found
 
 
 def endpoint(url: str) -> str:
@@ -54,8 +75,18 @@ def endpoint(url: str) -> str:
 
 
 def _masked_words(text: str) -> str:
+    """``password=...`` (keyword/value) and a bare ``user:pass@host`` word masked."""
     text = _KEYWORD.sub(lambda m: m[1] + m[2] + MASK, text)
-    return _BARE_USERINFO.sub(lambda m: m[1] + ":" + MASK + "@", text)
+    return _WORD.sub(_bare_userinfo, text) if "@" in text else text
+
+
+def _bare_userinfo(match: re.Match[str]) -> str:
+    word = match[0]
+    at = word.rfind("@")
+    colon = word.find(":", 0, at) if at > 0 else -1
+    if colon < 0 or "/" in word[:colon]:
+        return word
+    return word[:colon] + ":" + MASK + word[at:]
 
 
 def _masked_rest(rest: str) -> str:

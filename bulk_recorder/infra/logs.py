@@ -1,13 +1,15 @@
 """Logging set-up: one ``dictConfig`` for the process, text for people, JSON for containers.
 
 Every line is made safe here, at the formatter, whatever the call site wrote: the rendered
-message is cut (each string argument at 512 characters, the message at 4,096), it and the
-exception's text have their passwords masked (:func:`bulk_recorder.masking.masked`) and, in the
-text format, its control characters escaped (CR, LF and the other C0 and C1
-characters, U+2028 and U+2029: ``\\n``, ``\\x1b``, ``\\u2028``), so that a value from outside (a
-header, a message property, a body's field) cannot start a line of its own. The JSON format is
-one line by ``json.dumps``; the C1 characters and the two Unicode separators, which it leaves
-as they are, are written as ``\\u`` escapes there too.
+message is cut (each string argument at 512 characters, the message at 4,096, as is each
+exception's own text in a traceback), then its passwords are masked
+(:func:`bulk_recorder.masking.masked`); in the text format its control characters are escaped
+(CR, LF and the other C0 and C1 characters, U+2028 and U+2029: ``\\n``, ``\\x1b``,
+``\\u2028``), in the message and in an exception's text, so that a value from outside (a header,
+a path, a message property, a body's field) cannot start a line of its own. The JSON format is
+one line by ``json.dumps``; the C1 characters and the two Unicode separators, which it leaves as
+they are, are written as ``\\u`` escapes there too. Cut first, then scanned once: a line costs
+the same whatever a caller sent.
 """
 
 from __future__ import annotations
@@ -51,21 +53,27 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def cut(text: str, limit: int) -> str:
-    """``text``, or its first ``limit`` characters and how many more there were."""
+    """``text``, or at most its first ``limit`` characters and how many more there were. The
+    cut falls at the end of a word when one ends in the second half (a URL is not split)."""
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+    head = text[:limit]
+    boundary = max(head.rfind(char) for char in " \t\n'\"")
+    if boundary >= limit // 2:
+        head = head[:boundary]
+    return f"{head}... ({len(text) - len(head)} more characters)"
 
 
 def rendered(record: logging.LogRecord) -> str:
-    """The record's message, each long string argument cut, passwords masked, the whole cut."""
+    """The record's message, each long string argument cut, the whole cut, passwords masked
+    (cut first: what is masked and escaped is a bounded text)."""
     args = record.args
     if isinstance(args, tuple) and any(isinstance(a, str) and len(a) > MAX_ARG_CHARS for a in args):
         short = tuple(cut(a, MAX_ARG_CHARS) if isinstance(a, str) else a for a in args)
         message = str(record.msg) % short
     else:
         message = record.getMessage()
-    return cut(masked(message), MAX_MESSAGE_CHARS)
+    return masked(cut(message, MAX_MESSAGE_CHARS))
 
 
 def _chain(exc: BaseException | None) -> list[BaseException]:
@@ -78,14 +86,15 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
 
 def safe_traceback(text: str, exc: BaseException | None) -> str:
     """A formatted traceback with each exception's own text (which may carry a value from
-    outside) escaped: the traceback keeps its lines, a message cannot add one."""
+    outside) cut and escaped: the traceback keeps its lines, a message cannot add one."""
     for each in _chain(exc):
         try:
             raw = str(each)
         except Exception:  # a broken __str__: the traceback says so itself
             continue
-        if raw and raw != escaped(raw):
-            text = text.replace(raw, escaped(raw))
+        shown = escaped(cut(raw, MAX_MESSAGE_CHARS))
+        if raw and shown != raw:
+            text = text.replace(raw, shown)
     return masked(text)
 
 
@@ -115,7 +124,9 @@ class JsonFormatter(logging.Formatter):
         if ids is not None:
             payload["trace_id"], payload["span_id"] = ids
         if record.exc_info:
-            payload["exc_info"] = masked(self.formatException(record.exc_info))
+            payload["exc_info"] = safe_traceback(
+                self.formatException(record.exc_info), record.exc_info[1]
+            )
         line = json.dumps(payload, ensure_ascii=False)
         return _JSON_RAW.sub(lambda m: f"\\u{ord(m[0]):04x}", line)
 

@@ -979,8 +979,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="traceback-message-not-escaped",
         path="bulk_recorder/infra/logs.py",
-        old="            text = text.replace(raw, escaped(raw))\n",
-        new="            pass\n",
+        old="        shown = escaped(cut(raw, MAX_MESSAGE_CHARS))\n",
+        new="        shown = cut(raw, MAX_MESSAGE_CHARS)\n",
         promise=LOGS,
         tests=(
             "tests/unit/test_log_lines.py::"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
 import pytest
 
@@ -74,3 +75,19 @@ def test_a_long_value_from_outside_is_cut_in_both_formats() -> None:
         assert "more characters" in line
         assert "from 127.0.0.1" in line  # the rest of the message is kept
     assert len(SafeFormatter(TEXT_FORMAT).format(_record("x" * 60_000))) < 4_200
+
+
+@pytest.mark.parametrize(
+    "hostile", ["a," * 30_000, "k=v," * 15_000, "a:b," * 15_000, "a" * 60_000, "a://" * 15_000]
+)
+def test_a_60_kb_value_is_formatted_in_linear_time(hostile: str) -> None:
+    """Masking and escaping scan a line once: with a pattern that rescans from every comma, a
+    60 KB exception message (not cut: it is no string argument) took 43 s to log."""
+    try:
+        raise ValueError(hostile)
+    except ValueError as exc:
+        record = _record("failed: %s", exc, exc=True)
+    started = time.perf_counter()
+    SafeFormatter(TEXT_FORMAT).format(record)
+    JsonFormatter().format(record)
+    assert time.perf_counter() - started < 1.0

@@ -39,9 +39,8 @@ def masked(text: str) -> str:
     out: list[str] = []
     last = 0
     starts = _url_starts(text)
-    for number, (start, rest) in enumerate(starts):
-        if start < last:  # inside the URL before it (``http://a/?next=https://...``)
-            continue
+    for number, (_, rest) in enumerate(starts):
+        # a URL ends at white space, a quote or the next URL's scheme (``?next=https://...``)
         following = starts[number + 1][0] if number + 1 < len(starts) else len(text)
         end = _WORD_END.search(text, rest, following)
         stop = end.start() if end else following

@@ -8,7 +8,6 @@ down. A wrong value fails start-up with a :class:`SettingsError` that names the 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -18,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
+from bulk_recorder.masking import masked
 from bulk_recorder.otel_settings import OtelSettings
 
 # PostgreSQL's bind-parameter limit per statement (a 16-bit counter in the wire protocol).
@@ -342,13 +342,6 @@ def _tls_files_problem(url: str, parameters: tuple[str, ...]) -> str:
     return ""
 
 
-def _redacted(value: object) -> object:
-    """A setting's value for an error message, with any URL password replaced by ``***``."""
-    if not isinstance(value, str) or "://" not in value:
-        return value
-    return re.sub(r"(://[^:/@,\s]*:)[^@/\s]*@", r"\1***@", value)
-
-
 # Settings that may come from a file named by <NAME>_FILE instead (the Docker and Kubernetes
 # secrets convention), so that a password never sits in the environment.
 SECRET_FILE_SETTINGS = ("database_url", "rabbitmq_url")
@@ -372,6 +365,12 @@ def _from_files(environ: Mapping[str, str]) -> dict[str, str]:
             raise SettingsError(
                 f"invalid settings: {name}_FILE: cannot read {path!r} ({reason})"
             ) from None
+        if any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 for char in value):
+            # NULs between the letters: UTF-16 without its BOM; never echoed (nor its letters)
+            raise SettingsError(
+                f"invalid settings: {name}_FILE: {path!r} holds control characters (not one "
+                "line of UTF-8 text: UTF-16?)"
+            )
         if not value:
             raise SettingsError(f"invalid settings: {name}_FILE: {path!r} is empty")
         found[field] = value
@@ -394,6 +393,6 @@ def load_settings(**overrides: object) -> Settings:
             if name.lower() in from_files:
                 name += "_FILE"
             value = error.get("input")
-            shown = "" if isinstance(value, dict) else f" (got {_redacted(value)!r})"
-            problems.append(f"{name}: {error['msg']}{shown}")
+            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            problems.append(masked(f"{name}: {error['msg']}{shown}"))
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None

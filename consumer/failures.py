@@ -14,8 +14,9 @@ import aiormq
 
 from bulk_recorder.infra.broker import split_urls
 from bulk_recorder.infra.errors import CONNECTION_ERRORS, PG_ERRORS
-from bulk_recorder.infra.reach import endpoint, reason
+from bulk_recorder.infra.reach import reason
 from bulk_recorder.infra.tls import tls_failure_line
+from bulk_recorder.masking import endpoint
 from settings import Settings
 
 

@@ -13,12 +13,12 @@ import contextlib
 import logging
 import random
 from collections.abc import Iterator, Sequence
-from urllib.parse import urlsplit
 
 import aio_pika
 
 from bulk_recorder.exceptions import EXIT_TOPOLOGY, BulkRecorderError
 from bulk_recorder.infra.errors import BROKER_ERRORS
+from bulk_recorder.masking import endpoint as endpoint  # for the callers that name it here
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,6 @@ def broker_failures_suppressed() -> Iterator[None]:
 def split_urls(value: str) -> tuple[str, ...]:
     """The node URLs of a ``RABBITMQ_URL`` that may list several, comma-separated."""
     return tuple(part.strip() for part in value.split(","))
-
-
-def endpoint(url: str) -> str:
-    """``host:port/vhost`` of an AMQP URL, without user or password (for logs)."""
-    parts = urlsplit(url)
-    return f"{parts.netloc.rpartition('@')[2]}{parts.path or '/'}"
 
 
 class BrokerNodes:

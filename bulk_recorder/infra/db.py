@@ -13,10 +13,10 @@ from asyncpg.pool import PoolConnectionProxy
 
 from bulk_recorder.infra import pg_hosts, tracing
 from bulk_recorder.infra.backoff import RETRY
-from bulk_recorder.infra.broker import endpoint
 from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.infra.migrate import MigrationRefused, migrate
 from bulk_recorder.infra.waits import wait_or_stop
+from bulk_recorder.masking import endpoint
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -20,6 +19,7 @@ from bulk_recorder.infra.broker import BrokerNodes, split_urls
 from bulk_recorder.infra.errors import BROKER_ERRORS, DB_ERRORS
 from bulk_recorder.infra.migrate import maintenance_dsn
 from bulk_recorder.infra.tls import amqp_uses_tls, pg_uses_tls, tls_failure_line
+from bulk_recorder.masking import endpoint
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,6 @@ class Unreachable(BulkRecorderError):
     def __init__(self, line: str, *, tls: bool = False) -> None:
         super().__init__(line)
         self.tls = tls
-
-
-def endpoint(url: str) -> str:
-    """``host:port[,host:port...]/path`` of a URL, without user or password."""
-    parts = urlsplit(url)
-    hosts = parts.netloc.rpartition("@")[2]
-    return f"{hosts}{parts.path or '/'}"
 
 
 def reason(exc: BaseException) -> str:

@@ -36,6 +36,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from bulk_recorder.masking import masked
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,15 @@ log = logging.getLogger(__name__)
 # The most links one flush span carries (a flush holds up to BULK_RECORDER_SIZE deliveries);
 # the rest are counted in the span's links_dropped attribute. Also the SDK's link limit per span.
 MAX_LINKS = 128
+
+# The trace headers a caller or a publisher sends are bounded before anything parses them. W3C
+# Trace Context: a version-00 traceparent is 55 characters (a later version may add fields); of
+# a tracestate, 32 members and 512 characters are what must be propagated, and the members over
+# 128 characters are the first to go.
+MAX_TRACEPARENT_CHARS = 512
+MAX_TRACESTATE_CHARS = 512
+MAX_TRACESTATE_MEMBERS = 32
+MAX_TRACESTATE_MEMBER_CHARS = 128
 
 PROPAGATOR = TraceContextTextMapPropagator()
 # W3C TraceContext version 00: version-trace_id-parent_id-flags, lower-case hex
@@ -110,7 +120,7 @@ def configure(settings: Settings, role: str) -> bool:
     _tracer = provider.get_tracer("bulk_recorder", __version__)
     log.info(
         "tracing on: spans to %s, sampler %s%s",
-        re.sub(r"//[^/@]*@", "//", url),  # never a password in a log line
+        masked(url),  # never a password in a log line
         settings.otel_traces_sampler,
         f" ({_ratio(settings)})" if settings.otel_traces_sampler in _RATIO_SAMPLERS else "",
     )
@@ -158,9 +168,10 @@ def span_context_of(carrier: Mapping[str, Any] | None) -> SpanContext | None:
         parent = carrier.get("traceparent")
     except Exception:  # not a mapping after all
         return None
-    if not isinstance(parent, str):
+    if not isinstance(parent, str) or len(parent) > MAX_TRACEPARENT_CHARS:
         return None
     state = carrier.get("tracestate")
+    state = bounded_tracestate(state) if isinstance(state, str) else None
     match = _VERSION_00.match(parent)
     if match is None:  # another version, or malformed: the propagator's own rules decide
         text = {"traceparent": parent}
@@ -180,6 +191,27 @@ def span_context_of(carrier: Mapping[str, Any] | None) -> SpanContext | None:
         trace_flags=TraceFlags(int(match[3], 16)),
         trace_state=TraceState.from_header([state]) if isinstance(state, str) else None,
     )
+
+
+def bounded_tracestate(state: str) -> str | None:
+    """``state`` cut to what W3C says must be propagated: its first members, whole, up to 32
+    members and 512 characters, a member over 128 characters left out; None when none is left.
+    Only the first 64 members are even looked at."""
+    if len(state) <= MAX_TRACESTATE_CHARS and state.count(",") < MAX_TRACESTATE_MEMBERS:
+        return state
+    kept: list[str] = []
+    size = -1  # no comma before the first member
+    for raw in state.split(",", 2 * MAX_TRACESTATE_MEMBERS)[: 2 * MAX_TRACESTATE_MEMBERS]:
+        member = raw.strip(" \t")
+        if not member or len(member) > MAX_TRACESTATE_MEMBER_CHARS:
+            continue
+        if size + 1 + len(member) > MAX_TRACESTATE_CHARS:
+            break
+        kept.append(member)
+        size += 1 + len(member)
+        if len(kept) == MAX_TRACESTATE_MEMBERS:
+            break
+    return ",".join(kept) or None
 
 
 def context_of(traceparent: str | None, tracestate: str | None) -> Context | None:

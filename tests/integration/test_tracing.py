@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +34,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.slow]
 JOB_LINES = 1_000
 BATCH = 300  # the recorder's flush size: a full flush has more contexts than the link cap
 LINK_CAP = 128
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    r = OtlpReceiver()
-    r.start()
-    yield r
-    r.stop()
 
 
 def _traceparent() -> tuple[str, str, str]:

@@ -75,6 +75,7 @@ MEASURED = "The two numbers are measured"
 SPEC = "The OpenAPI document says what the API accepts"
 
 TRACED = "One record's trace is followed from the API to the commit"
+LOGS = "Nothing from outside forges a log line or grows the log; no password in any form"
 T_TRACE = (
     "tests/integration/test_tracing.py::"
     "test_a_request_is_followed_from_the_api_to_the_flush_that_links_it"
@@ -1087,6 +1088,150 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/ops/test_kubernetes.py::"
             "test_the_prometheus_rule_is_generated_from_the_alert_rules_and_rendered",
+        ),
+        fast=True,
+    ),
+    # issue 27 (logsafe): passwords masked in every form, *_FILE secrets that are not UTF-8,
+    # trace headers bounded before they are parsed, every log line escaped and cut
+    Mutant(
+        name="secret-file-not-utf8-uncaught",
+        path="settings.py",
+        old="        except (OSError, UnicodeDecodeError) as exc:\n",
+        new="        except OSError as exc:\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/unit/test_secret_files.py::"
+            "test_a_secret_file_that_is_not_utf8_is_exit_2_and_one_line_naming_it",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="secret-file-with-nuls-echoed",
+        path="settings.py",
+        old="        if any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 for char in value):\n",
+        new="        if False:\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/unit/test_secret_files.py::"
+            "test_an_ascii_utf16_file_without_bom_is_refused_not_echoed",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="password-ends-at-the-first-at",
+        path="bulk_recorder/masking.py",
+        old='    at = rest.rfind("@", 0, query_at)\n',
+        new='    at = rest.find("@", 0, query_at)\n',
+        promise=LOGS,
+        tests=("tests/unit/test_masking.py::test_masked_hides_every_form_of_password",),
+        fast=True,
+    ),
+    Mutant(
+        name="query-string-password-shown",
+        path="bulk_recorder/masking.py",
+        old="        secret = equals and unquote_plus(name).strip().lower() in SECRET_PARAMETERS\n",
+        new="        secret = False\n",
+        promise=LOGS,
+        tests=(
+            "tests/integration/test_log_safety.py::"
+            "test_migrate_never_prints_a_password_from_database_url_file",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="settings-error-unmasked",
+        path="settings.py",
+        old="""            problems.append(masked(f"{name}: {error['msg']}{shown}"))\n""",
+        new="""            problems.append(f"{name}: {error['msg']}{shown}")\n""",
+        promise=BAD_SETTINGS,
+        tests=("tests/unit/test_masking.py::test_a_settings_error_never_shows_the_password",),
+        fast=True,
+    ),
+    Mutant(
+        name="tracestate-parsed-unbounded",
+        path="bulk_recorder/infra/tracing.py",
+        old="    state = bounded_tracestate(state) if isinstance(state, str) else None\n",
+        new="    state = state if isinstance(state, str) else None\n",
+        promise=LOGS,
+        tests=(
+            "tests/unit/test_trace_headers.py::"
+            "test_a_tracestate_is_cut_to_32_members_and_512_characters",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="opentelemetry-member-warnings-logged",
+        path="bulk_recorder/infra/logs.py",
+        old='                "opentelemetry.trace.span": {"level": "ERROR"},\n',
+        new="",
+        promise=LOGS,
+        tests=(
+            "tests/unit/test_trace_headers.py::"
+            "test_opentelemetrys_member_warnings_stay_out_of_the_log",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="text-log-line-not-escaped",
+        path="bulk_recorder/infra/logs.py",
+        old="        record.message = escaped(rendered(record))\n",
+        new="        record.message = rendered(record)\n",
+        promise=LOGS,
+        tests=(
+            "tests/integration/test_log_safety.py::"
+            "test_hostile_trace_headers_and_paths_neither_forge_nor_grow_the_api_log",
+        ),
+    ),
+    Mutant(
+        name="logged-value-from-outside-uncut",
+        path="bulk_recorder/infra/logs.py",
+        old="short = tuple(cut(a, MAX_ARG_CHARS) if isinstance(a, str) else a for a in args)\n",
+        new="short = args\n",
+        promise=LOGS,
+        tests=(
+            "tests/integration/test_log_safety.py::"
+            "test_hostile_trace_headers_and_paths_neither_forge_nor_grow_the_api_log",
+        ),
+    ),
+    Mutant(
+        name="json-log-line-split-by-u2028",
+        path="bulk_recorder/infra/logs.py",
+        old='        return _JSON_RAW.sub(lambda m: f"\\\\u{ord(m[0]):04x}", line)\n',
+        new="        return line\n",
+        promise=LOGS,
+        tests=("tests/unit/test_log_lines.py::test_a_json_line_is_one_object_whatever_the_break",),
+        fast=True,
+    ),
+    Mutant(
+        name="traceback-message-not-escaped",
+        path="bulk_recorder/infra/logs.py",
+        old="        shown = escaped(cut(raw, MAX_MESSAGE_CHARS))\n",
+        new="        shown = cut(raw, MAX_MESSAGE_CHARS)\n",
+        promise=LOGS,
+        tests=(
+            "tests/unit/test_log_lines.py::"
+            "test_an_exceptions_message_cannot_add_a_line_to_the_traceback",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="endpoint-shows-a-password-holding-a-slash",
+        path="bulk_recorder/masking.py",
+        old="    parts = urlsplit(masked(url))\n",
+        new="    parts = urlsplit(url)\n",
+        promise=LOGS,
+        tests=("tests/unit/test_masking.py::test_endpoint_names_host_and_path_only",),
+        fast=True,
+    ),
+    Mutant(
+        name="tracing-start-up-line-unmasked",
+        path="bulk_recorder/infra/tracing.py",
+        old="        masked(url),  # never a password in a log line\n",
+        new="        url,\n",
+        promise=LOGS,
+        tests=(
+            "tests/unit/test_masking.py::"
+            "test_the_tracing_start_up_line_masks_the_endpoints_secrets",
         ),
         fast=True,
     ),

@@ -8,7 +8,8 @@ from typing import Any
 import aio_pika
 import pytest
 
-from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
+from bulk_recorder.infra.broker import BrokerNodes, split_urls
+from bulk_recorder.masking import endpoint
 
 URLS = ("amqp://u:pw@n1:5672/", "amqp://u:pw@n2:5672/", "amqp://u:pw@n3:5672/")
 

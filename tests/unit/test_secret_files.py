@@ -81,3 +81,37 @@ def test_consume_with_a_variable_and_its_file_twin_exits_2_naming_them(tmp_path:
     assert done.returncode == 2, done.stderr
     assert "DATABASE_URL and DATABASE_URL_FILE" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "latin-1"])
+@pytest.mark.parametrize("name", ["DATABASE_URL", "RABBITMQ_URL"])
+def test_a_secret_file_that_is_not_utf8_is_exit_2_and_one_line_naming_it(
+    tmp_path: Path, name: str, encoding: str
+) -> None:
+    """A UTF-16 file (what some editors and PowerShell's ``>`` write), with or without its BOM,
+    or Latin-1: one line naming the variable, the settings' exit code, no traceback, and never
+    the URL's password."""
+    url = (DB if name == "DATABASE_URL" else MQ).replace("s3cret", "s3cr\u00e9t")
+    (tmp_path / "secret").write_bytes(url.encode(encoding))
+    done = run_cli(
+        ["migrate"], env={"PATH": "/usr/bin:/bin", name + "_FILE": str(tmp_path / "secret")}
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"{name}_FILE" in lines[0]
+    assert "s3cr" not in done.stderr
+
+
+def test_an_ascii_utf16_file_without_bom_is_refused_not_echoed(tmp_path: Path) -> None:
+    """ASCII text in UTF-16-LE without a BOM is valid UTF-8 holding NUL bytes: refused as not
+    UTF-8 text, never echoed (the password would show, one NUL between its letters)."""
+    (tmp_path / "secret").write_bytes(DB.encode("utf-16-le"))
+    done = run_cli(
+        ["migrate"], env={"PATH": "/usr/bin:/bin", "DATABASE_URL_FILE": str(tmp_path / "secret")}
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "DATABASE_URL_FILE" in done.stderr
+    assert "not one line of UTF-8 text" in done.stderr
+    assert "\\x00" not in done.stderr, done.stderr

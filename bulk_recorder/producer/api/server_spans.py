@@ -6,7 +6,9 @@ job upload in spans of their own, and is a beta release line; here the span is o
 when tracing is on (the middleware is not even installed otherwise, see ``create_app``), with
 HTTP semantic-convention names and attributes. The caller's ``traceparent``/``tracestate`` are
 honoured (W3C TraceContext): the server span is their child, the outbox rows the request writes
-keep it (:func:`bulk_recorder.infra.tracing.current_carrier`).
+keep it (:func:`bulk_recorder.infra.tracing.current_carrier`). They are read before the request
+is authenticated, so :func:`bulk_recorder.infra.tracing.span_context_of` bounds them before
+OpenTelemetry parses them (``tracestate``: 32 members, 512 characters).
 """
 
 from __future__ import annotations

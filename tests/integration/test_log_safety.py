@@ -1,0 +1,169 @@
+"""Nothing a client, a publisher or a setting holds leaks into what the real processes print: a
+password in any form the clients accept is masked, a hostile trace header is bounded before it
+is parsed, and a control character from outside cannot start a line of its own in the log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from consumer.tools.generator import Generator
+from tests.conftest import Broker, free_port, run_cli, settings_env, wait_for
+from tests.integration.producer_support import provision_key, running_api
+from tests.otlp_receiver import OtlpReceiver
+
+SECRET = "s3cr3t"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app@db/x?password=s3cr3t&connect_timeout=0",  # a settings error (exit 2)
+        "postgresql://app@127.0.0.1:1/x?password=s3cr3t",  # nothing listens: one line (exit 1)
+        "postgresql://app:p@s3cr3t@127.0.0.1:1/x",
+    ],
+)
+def test_migrate_never_prints_a_password_from_database_url_file(tmp_path: Path, url: str) -> None:
+    (tmp_path / "db").write_text(url + "\n")
+    done = run_cli(
+        ["migrate"], env={"PATH": "/usr/bin:/bin", "DATABASE_URL_FILE": str(tmp_path / "db")}
+    )
+    assert done.returncode in (1, 2), done
+    assert done.stderr.strip(), done
+    assert "Traceback" not in done.stderr
+    assert SECRET not in done.stdout + done.stderr, done.stderr
+
+
+# -- hostile trace headers and forged lines, against real processes ----------------------------
+
+FORGED = "FORGED LINE: the ledger is corrupt"
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+HOSTILE_STATE = "k=" + "v" * 60_000  # one 60 KB member, refused whole
+
+
+async def test_hostile_trace_headers_and_paths_neither_forge_nor_grow_the_api_log(
+    make_settings, db, tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    """Ten unauthenticated requests (401) with a 60 KB ``tracestate``, ten with a line break
+    in it (NEL, which HTTP lets through as a Latin-1 byte), five to paths holding a line break
+    (percent-encoded) and five to a 60 KB path: the API's log grows by a short line a request,
+    and no line starts with the forged text. OpenTelemetry logs each member it refuses, whole,
+    at WARNING; the header is read before authentication."""
+    port = free_port()
+    settings = make_settings(api_port=port, otel_exporter_otlp_endpoint=receiver.endpoint)
+    await provision_key(settings.database_url)
+    log_path = tmp_path / "api.log"
+    async with (
+        running_api(settings, log_path),
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client,
+    ):
+        before = log_path.stat().st_size
+        states = [HOSTILE_STATE] * 10 + [f"a=b,\x85{FORGED}"] * 10
+        for state in states:
+            response = await client.post(
+                "/v1/transactions",
+                json={},
+                headers={
+                    b"traceparent": TRACEPARENT.encode(),
+                    b"tracestate": state.encode("latin-1"),
+                },
+            )
+            assert response.status_code == 401, response.text
+        # the path is logged with each refusal: percent-decoded, a line break; and 60 KB long
+        jobs = "/v1/credit-annotation-jobs/"
+        # (urlsplit drops CR and LF from a URL, not the other breaks: U+2028, NEL, VT, FS)
+        breaks = ["%E2%80%A8", "%C2%85", "%0B", "%1C", "%0D%0A"]
+        paths = [jobs + "x" + brk + FORGED.replace(" ", "%20") for brk in breaks]
+        paths += [jobs + "x" * 60_000] * 5
+        for path in paths:  # as sent, byte for byte
+            assert await _raw_get(port, path) == 401
+        grown = log_path.stat().st_size - before
+    text = log_path.read_text()
+    # each refusal is one short line of the API's own (auth's "API request refused"), whatever
+    # the header or the path: 1 KB a request at most, where a 60 KB member once wrote 60 KB
+    assert grown <= 1_000 * len(states + paths), text[-3_000:]
+    assert max(len(line) for line in text.splitlines()) < 1_000
+    assert not [line for line in text.splitlines() if line.startswith("FORGED")], text[-3_000:]
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_a_publishers_line_breaks_never_start_a_line_of_the_recorders_log(
+    make_settings, broker: Broker, db, tmp_path: Path, receiver: OtlpReceiver, log_format: str
+) -> None:
+    """A ``type`` property holding a line break (logged with the dead-letter reason) and a
+    ``tracestate`` header holding one (refused by OpenTelemetry member by member), consumed by
+    a real recorder that traces: no line of its log starts with the forged text, whichever the
+    line breaks (CR, LF, U+2028, NEL); in JSON every line is one object."""
+    port = free_port()
+    settings = make_settings(
+        metrics_port=port, log_format=log_format, otel_exporter_otlp_endpoint=receiver.endpoint
+    )
+    log_path = tmp_path / "recorder.log"
+    transaction = Generator.create(27).transaction()
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, stopped below
+            [sys.executable, "-m", "consumer.cli", "consume"],
+            env=settings_env(settings),
+            stdout=log_file,
+            stderr=log_file,
+        )
+        try:
+            await wait_for(lambda: _ready(port), timeout=30)
+            for brk in ("\n", "\r", "\u2028", "\x85"):
+                await broker.publish(b"{}", f"transaction{brk}{FORGED}", routing_key="transaction")
+            await broker.publish(
+                json.dumps(transaction).encode(),
+                "transaction",
+                headers={"traceparent": TRACEPARENT, "tracestate": f"a=b,\n{FORGED}=x\r\n{FORGED}"},
+            )
+            dlq = broker.topology.dead_letter_queue
+
+            async def done() -> bool:
+                conn = await db()
+                try:
+                    rows = await conn.fetchval(
+                        "SELECT count(*) FROM transactions WHERE id = $1", transaction["id"]
+                    )
+                finally:
+                    await conn.close()
+                return rows == 1 and await broker.ready_count(dlq) == 4
+
+            await wait_for(done, timeout=60)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(proc.wait, 30)
+    text = log_path.read_text()
+    assert FORGED in text  # the values were logged, escaped
+    forged = [line for line in text.splitlines() if line.lstrip().startswith("FORGED")]
+    assert forged == [], text
+    if log_format == "json":
+        for line in text.splitlines():
+            json.loads(line)
+
+
+async def _raw_get(port: int, path: str) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        status_line = await reader.readline()
+        await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    return int(status_line.split()[1])
+
+
+async def _ready(port: int) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=2) as client:
+            return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -858,8 +858,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="wrongly-typed-traceparent-extracted",
         path="bulk_recorder/infra/tracing.py",
-        old="    if not isinstance(parent, str):\n        return None\n",
-        new="    if isinstance(parent, bytes | bytearray):\n        parent = parent.decode()\n",
+        old="    if not isinstance(parent, str) or len(parent) > MAX_TRACEPARENT_CHARS:\n",
+        new=(
+            "    if isinstance(parent, bytes | bytearray):\n"
+            "        parent = parent.decode()\n"
+            "    if not isinstance(parent, str) or len(parent) > MAX_TRACEPARENT_CHARS:\n"
+        ),
         promise=TRACED,
         tests=(
             "tests/unit/test_tracing.py::"

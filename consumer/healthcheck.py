@@ -24,8 +24,13 @@ UNHEALTHY = 1
 
 # The long-running commands, each with a /readyz of its own.
 ROLES = ("consume", "relay", "api")
-# How a bulk-recorder process shows in its command line: the console script or the module.
-_PROGRAMS = ("bulk-recorder", "consumer.cli")
+# The console script; ``python -m consumer.cli ROLE`` and ``python -m consumer`` (which runs
+# ``consume``: docs/reference.md) are read from the interpreter's own options.
+_SCRIPT = "bulk-recorder"
+_MODULE_ROLES = {"consumer": "consume"}
+_MODULE_CLI = "consumer.cli"
+# The interpreter's options that take a value (``-X dev`` or ``-Xdev``); ``-c`` and ``-m`` end them.
+_PYTHON_VALUED = ("-X", "-W", "-c", "-m")
 
 
 def add_parser(sub: Any) -> None:
@@ -55,12 +60,40 @@ def role_of(argv: Sequence[str]) -> str | None:
     """The role that the command line ``argv`` runs, or None when it is no bulk-recorder role.
 
     ``bulk-recorder relay --lanes 2`` (or ``python /venv/bin/bulk-recorder relay``, or
-    ``python -m consumer.cli relay``) runs ``relay``; ``bulk-recorder migrate`` runs no role.
+    ``python -m consumer.cli relay``) runs ``relay``; ``python -m consumer`` runs ``consume``;
+    ``bulk-recorder migrate`` runs no role. An init's words before the program are skipped.
     """
-    for index, word in enumerate(argv[:-1]):
-        if word in _PROGRAMS or Path(word).name in _PROGRAMS:
-            command = argv[index + 1]
-            return command if command in ROLES else None
+    for index, word in enumerate(argv):
+        name = Path(word).name
+        if name == _SCRIPT:
+            return _command_role(argv[index + 1 :])
+        if name.startswith("python"):
+            return _python_role(argv[index + 1 :])
+    return None
+
+
+def _command_role(args: Sequence[str]) -> str | None:
+    return args[0] if args and args[0] in ROLES else None
+
+
+def _python_role(args: Sequence[str]) -> str | None:
+    """The role of ``python ARGS``: its options first, then ``-m MODULE``, ``-c`` or a script."""
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if not arg.startswith("-") or arg == "-":  # the script, then its own arguments
+            return _command_role(args[index + 1 :]) if Path(arg).name == _SCRIPT else None
+        option, value = arg[:2], arg[2:]
+        index += 1
+        if option in _PYTHON_VALUED and not arg.startswith("--") and not value:
+            value = args[index] if index < len(args) else ""
+            index += 1
+        if option == "-c":
+            return None
+        if option == "-m":
+            if value == _MODULE_CLI:
+                return _command_role(args[index:])
+            return _MODULE_ROLES.get(value)
     return None
 
 

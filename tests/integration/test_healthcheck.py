@@ -29,10 +29,13 @@ pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
 
 
 @contextlib.contextmanager
-def _running(command: str, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _running(
+    command: str, env: dict[str, str], log: Path, argv: list[str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The role ``command`` as ``python -m consumer.cli COMMAND``, or started by ``argv``."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "consumer.cli", command],
+            argv or [sys.executable, "-m", "consumer.cli", command],
             cwd=REPO,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -124,6 +127,45 @@ async def test_healthcheck_is_unhealthy_while_the_role_serves_but_is_not_ready(
     assert f":{port}/readyz answered 503" in line, line
 
 
+# Every way docs/reference.md gives to start a role: the console script, and `python -m consumer`
+# ("the same as `bulk-recorder consume`"), whose command line names no role at all.
+_CONSOLE_SCRIPT = str(Path(sys.executable).with_name("bulk-recorder"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "role"),
+    [
+        ([sys.executable, "-m", "consumer"], "consume"),
+        ([_CONSOLE_SCRIPT, "consume"], "consume"),
+        ([_CONSOLE_SCRIPT, "relay"], "relay"),
+    ],
+    ids=["python-m-consumer", "console-script-consume", "console-script-relay"],
+)
+async def test_healthcheck_is_healthy_for_every_documented_way_to_start_a_role(
+    make_settings: SettingsFactory, tmp_path: Path, argv: list[str], role: str
+) -> None:
+    """A role started as docs/reference.md says is recognised: a container started that way
+    is healthy once it serves, never restarted for ever as "runs no bulk-recorder role"."""
+    if role != "consume":
+        assert run_cli(["migrate"], settings_env(make_settings())).returncode == 0
+    port = free_port()
+    env = _role_env(make_settings(metrics_port=None), role, port)
+    log = tmp_path / f"{role}.log"
+    with _running(role, env, log, argv=argv) as proc:
+        results: list[tuple[int, str]] = []
+
+        def healthy() -> bool:
+            assert proc.poll() is None, log.read_text()
+            results.append(_healthcheck(env, proc.pid))
+            assert "runs no bulk-recorder role" not in results[-1][1], results[-1][1]
+            return results[-1][0] == 0
+
+        await wait_for(healthy, timeout=60, interval=0.5)
+    line = results[-1][1]
+    assert line.startswith(f"healthy: {role} (pid {proc.pid}) at "), line
+    assert f":{port}/" in line, line
+
+
 def test_healthcheck_of_a_process_that_runs_no_role_is_unhealthy(
     make_settings: SettingsFactory,
 ) -> None:
@@ -142,6 +184,13 @@ def test_healthcheck_of_a_process_that_runs_no_role_is_unhealthy(
         (["/opt/venv/bin/python", "/opt/venv/bin/bulk-recorder", "relay", "--lanes", "2"], "relay"),
         (["bulk-recorder", "api"], "api"),
         (["python3", "-m", "consumer.cli", "consume"], "consume"),
+        (["python3", "-m", "consumer"], "consume"),
+        (["/usr/bin/python3.11", "-X", "dev", "-m", "consumer", "--log"], "consume"),
+        (["python3", "-mconsumer"], "consume"),
+        (["python3", "-m", "consumer.cli"], None),
+        (["python3", "-m", "consumer_other"], None),
+        (["python3", "/srv/consumer", "relay"], None),
+        (["python3", "-c", "import consumer", "-m", "consumer"], None),
         (["bulk-recorder", "migrate", "--grant-roles", "br"], None),
         (["bulk-recorder", "healthcheck"], None),
         (["python3", "-c", "print('consume')"], None),

@@ -3,7 +3,8 @@
 The image's HEALTHCHECK used to probe 127.0.0.1:9464 whatever the role, so an `api` container,
 or a relay with its own METRICS_PORT, was reported unhealthy while it served (and a check on a
 host network could be answered by some other process on 9464). The subcommand finds the role of
-the process it checks and asks that role's /readyz, from the settings the role resolves.
+the process it checks and asks that role's /healthz (alive; /readyz with --ready), from the
+settings the role resolves.
 
 Here against real `consume`, `relay` and `api` processes on ports chosen by the test (never the
 defaults, which other processes on this host may hold); tests/image runs the same check inside
@@ -63,8 +64,8 @@ def _role_env(settings: Settings, role: str, port: int) -> dict[str, str]:
     return env
 
 
-def _healthcheck(env: dict[str, str], pid: int) -> tuple[int, str]:
-    done = run_cli(["healthcheck", "--pid", str(pid)], env, timeout=30)
+def _healthcheck(env: dict[str, str], pid: int, *extra: str) -> tuple[int, str]:
+    done = run_cli(["healthcheck", "--pid", str(pid), *extra], env, timeout=30)
     return done.returncode, (done.stdout + done.stderr).strip()
 
 
@@ -86,8 +87,10 @@ async def test_healthcheck_is_healthy_on_the_roles_own_port_and_unhealthy_when_i
 
         await wait_for(healthy, timeout=60, interval=0.5)
         code, line = results[-1]
-        assert f":{port}/readyz" in line, line
+        assert f":{port}/healthz answered 200" in line, line
         assert line.startswith(f"healthy: {role} "), line
+        code, line = _healthcheck(env, proc.pid, "--ready")
+        assert (code, f":{port}/readyz answered 200" in line) == (0, True), line
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     code, line = _healthcheck(env, proc.pid)
@@ -95,11 +98,13 @@ async def test_healthcheck_is_healthy_on_the_roles_own_port_and_unhealthy_when_i
 
 
 @pytest.mark.parametrize("role", ["consume", "relay", "api"])
-async def test_healthcheck_is_unhealthy_while_the_role_serves_but_is_not_ready(
+async def test_healthcheck_is_healthy_while_the_role_is_alive_but_not_ready(
     make_settings: SettingsFactory, tmp_path: Path, role: str
 ) -> None:
-    """The role is up and answers on its port, but what it needs is refused: exit 1, and the
-    line says what /readyz answered (503), not that nothing listens."""
+    """The role is up and answers on its port, but what it needs is refused. Health is
+    liveness: exit 0, so a database or broker outage never marks every container unhealthy (and
+    Swarm or an autoheal never replaces them). With --ready: exit 1, and the line says what
+    /readyz answered (503), not that nothing listens."""
     nowhere = free_port()  # nothing listens there: the broker (or the database) is refused
     if role == "api":
         broken = make_settings(
@@ -117,14 +122,19 @@ async def test_healthcheck_is_unhealthy_while_the_role_serves_but_is_not_ready(
 
         def answered() -> bool:
             assert proc.poll() is None, (tmp_path / f"{role}.log").read_text()
-            results.append(_healthcheck(env, proc.pid))
+            results.append(_healthcheck(env, proc.pid, "--ready"))
             return " answered " in results[-1][1]
 
         await wait_for(answered, timeout=60, interval=0.5)
+        alive = _healthcheck(env, proc.pid)
     code, line = results[-1]
     assert code == 1, line
     assert line.startswith(f"unhealthy: {role} "), line
     assert f":{port}/readyz answered 503" in line, line
+    code, line = alive
+    assert code == 0, line
+    assert line.startswith(f"healthy: {role} "), line
+    assert f":{port}/healthz answered 200" in line, line
 
 
 # Every way docs/reference.md gives to start a role: the console script, and `python -m consumer`

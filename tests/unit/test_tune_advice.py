@@ -163,3 +163,22 @@ def test_the_settle_histogram_exports_what_prometheus_client_would() -> None:
     assert samples[("x_seconds_count", (("outcome", "b"),))] == 0
     with pytest.raises(ValueError, match="increasing"):
         SettleHistogram("y", "doc", "o", ("a",), (2.0, 1.0), registry)
+
+
+@pytest.mark.parametrize("timeout", [400.0, 620.0, 659.0])
+def test_a_consumer_timeout_below_twice_the_worst_hold_plus_the_headroom_warns(
+    timeout: float,
+) -> None:
+    """docs/operations.md: the timeout must cover twice the longest hold plus a minute. Holds
+    of up to 300 s need 660 s, which tune recommends: 620 s in force is a WARNING, not silence."""
+    advice = advise(measured([200.0], [1], release=60.0, timeout=timeout))
+    assert advice.worst_hold_s == 300.0
+    assert advice.consumer_timeout_s == 660.0
+    warned = [w for w in advice.warnings if "does not cover twice the longest hold" in w]
+    assert warned, f"timeout {timeout:g} s, recommended 660 s: {advice.warnings}"
+    assert f"({timeout:g} s)" in warned[0]
+    assert "WARNING: " + warned[0] in render(advice, measured([200.0], [1], timeout=timeout), 1)
+
+
+def test_a_consumer_timeout_that_covers_twice_the_worst_hold_plus_the_headroom_is_quiet() -> None:
+    assert advise(measured([200.0], [1], release=60.0, timeout=660.0)).warnings == []

@@ -780,8 +780,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="limit-reached-by-valid-records-not-warned",
         path="consumer/tools/tune_advice.py",
-        old="needed >= m.delivery_limit",
-        new="needed > m.delivery_limit",
+        old="needed > m.delivery_limit",
+        new="needed > m.delivery_limit + 1",
         promise=MEASURED,
         tests=(
             "tests/unit/test_tune_advice.py::"
@@ -954,6 +954,18 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/unit/test_tune_advice.py::"
             "test_a_consumer_timeout_below_twice_the_worst_hold_plus_the_headroom_warns",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="refused-row-dead-lettered-a-delivery-early",
+        path="bulk_recorder/recorder/flusher.py",
+        old="if delivery.delivery_count >= self._delivery_limit:",
+        new="if delivery.delivery_count + 1 >= self._delivery_limit:",
+        promise=REFUSED_ROW,
+        tests=(
+            "tests/integration/test_delivery_limit.py::"
+            "test_a_refused_row_is_dead_lettered_with_its_reason_on_the_brokers_last_delivery",
         ),
         fast=True,
     ),

@@ -23,6 +23,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
+
 HEALTHY = 0
 UNHEALTHY = 1
 
@@ -150,8 +152,11 @@ def _probe_host(host: str) -> str:
     return host
 
 
-class ProbeSettingsError(ValueError):
-    """A setting the check needs is malformed; the message names the variable."""
+class ProbeSettingsError(BulkRecorderError, ValueError):
+    """A setting the check needs is malformed; the message names the variable (the check
+    prints it and exits 1, as an engine reserves 2)."""
+
+    exit_code = EXIT_SETTINGS
 
 
 class ProbeSettings(NamedTuple):

@@ -189,6 +189,11 @@ def _add_dlq_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # the modules whose parsers these are: not imported by the health check, which has its own
+    from consumer import api_keys
+    from consumer.tools import outbox as outbox_tool
+    from consumer.tools import tune
+
     parser = argparse.ArgumentParser(
         prog="bulk-recorder",
         description="RabbitMQ -> PostgreSQL bulk recorder. Settings come from the environment.",
@@ -233,10 +238,6 @@ def build_parser() -> argparse.ArgumentParser:
     relay.add_argument(
         "--poll-interval", type=float, default=1.0, help="seconds between polls without NOTIFY"
     )
-    from consumer import api_keys
-    from consumer.tools import outbox as outbox_tool
-    from consumer.tools import tune
-
     api_keys.add_parser(sub)
     outbox_tool.add_parser(sub)
     tune.add_parser(sub)

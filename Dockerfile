@@ -31,7 +31,9 @@ USER 10001:10001
 EXPOSE 9464 8080
 STOPSIGNAL SIGTERM
 # One check for every role: `bulk-recorder healthcheck` finds the role this container runs
-# (consume, relay or api) and asks its own /readyz, on the port that role's settings give.
+# (consume, relay or api) and asks its own /healthz, on the port that role's settings give.
+# Health is liveness: a database or broker outage leaves the container healthy (readiness stays
+# on /readyz, for a load balancer or `bulk-recorder healthcheck --ready`). Standard library only.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
   CMD ["bulk-recorder", "healthcheck"]
 ENTRYPOINT ["bulk-recorder"]

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bulk_recorder.infra import pg_hosts
-from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.key_store import (
     DEFAULT_SCOPES,
     SCOPES,
@@ -21,7 +19,10 @@ from bulk_recorder.producer.key_store import (
     list_keys,
     revoke_keys,
 )
-from settings import Settings
+
+# The drivers when the command runs: `bulk-recorder --help` builds this parser.
+if TYPE_CHECKING:
+    from settings import Settings
 
 
 def add_parser(sub: Any) -> None:
@@ -53,6 +54,9 @@ def cmd_api_key(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:
+    from bulk_recorder.infra import pg_hosts
+    from bulk_recorder.infra.migrate import migrate
+
     await migrate(settings.database_url)  # the api_keys table, on a fresh install too
     conn = await pg_hosts.connect(settings.database_url)  # every host of the list, as migrate
     try:

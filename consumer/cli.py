@@ -7,11 +7,10 @@ coroutine on uvloop with cleanup in ``finally``.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bulk_recorder.exceptions import (
     EXIT_SETTINGS,
@@ -19,18 +18,15 @@ from bulk_recorder.exceptions import (
     EXIT_UNREACHABLE,
     BulkRecorderError,
 )
-from bulk_recorder.infra import tracing
-from bulk_recorder.infra.logs import setup_logging
-from bulk_recorder.infra.reach import Unreachable, check_services, check_tls
-from consumer import api_keys, healthcheck
-from consumer.failures import failure_line
-from consumer.producer import cmd_api, cmd_relay
-from consumer.runner import run_async, with_stop_signals
-from consumer.tools import outbox as outbox_tool
-from consumer.tools import tune
-from settings import Settings, SettingsError, load_settings
+from consumer import healthcheck
 
-log = logging.getLogger(__name__)
+# What a command runs (drivers, tracing, pydantic settings) is imported when it runs: the
+# health check runs every 10 s in every container and `--help` at a terminal, and neither needs
+# it (tests/unit/test_healthcheck_cost.py). Names, for the annotations only:
+if TYPE_CHECKING:
+    import asyncio
+
+    from settings import Settings
 
 # The exit codes (docs/reference.md); each error class carries its own (bulk_recorder.exceptions).
 __all__ = ["EXIT_SETTINGS", "EXIT_TOPOLOGY", "EXIT_UNREACHABLE", "main"]
@@ -60,12 +56,14 @@ LONG_RUNNING_NEEDS: dict[str, tuple[str, ...]] = {
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     from consumer.migrate_cmd import run_migrate
+    from consumer.runner import run_async
 
     return run_async(run_migrate(settings.database_url, role_prefix=args.grant_roles))
 
 
 def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
     from consumer.app import Recorder
+    from consumer.runner import run_async, with_stop_signals
 
     async def body(stop: asyncio.Event) -> int:
         await Recorder(settings).run(stop)  # a TopologyMismatch ends it: exit 3, in main()
@@ -75,6 +73,7 @@ def cmd_consume(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_publish(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.runner import run_async
     from consumer.tools.loadgen import LoadSpec, ProgressBar, publish_load
 
     spec = LoadSpec(
@@ -113,6 +112,7 @@ def _declare(settings: Settings) -> Callable[[Any], Awaitable[None]]:
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.runner import run_async
     from consumer.tools.demo import run_demo
 
     return run_async(run_demo(settings, count=args.count, via=args.via))
@@ -128,6 +128,7 @@ def _confirmed(question: str) -> bool:
 
 
 def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.runner import run_async
     from consumer.tools.dlq import discard_dlq, inspect_dlq, replay_dlq
 
     if args.dlq_command == "inspect":
@@ -146,17 +147,28 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     )
 
 
-def cmd_healthcheck(args: argparse.Namespace) -> int:
-    """Exit 0 or 1 only: a container engine reads 1 as unhealthy and reserves 2. The settings
-    are not resolved for this command: the check resolves those of the role it checks."""
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"unhealthy: {exc}")
-        return healthcheck.UNHEALTHY
-    code, line = healthcheck.check(settings, pid=args.pid, timeout_s=args.timeout)
-    print(line)
-    return code
+def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.producer import cmd_api as run_api
+
+    return run_api(settings, args)
+
+
+def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.producer import cmd_relay as run_relay
+
+    return run_relay(settings, args)
+
+
+def cmd_api_key(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.api_keys import cmd_api_key as run_api_key
+
+    return run_api_key(settings, args)
+
+
+def cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.tools.outbox import cmd_outbox as run_outbox
+
+    return run_outbox(settings, args)
 
 
 def _add_dlq_parser(sub: Any) -> None:
@@ -177,6 +189,11 @@ def _add_dlq_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # the modules whose parsers these are: not imported by the health check, which has its own
+    from consumer import api_keys
+    from consumer.tools import outbox as outbox_tool
+    from consumer.tools import tune
+
     parser = argparse.ArgumentParser(
         prog="bulk-recorder",
         description="RabbitMQ -> PostgreSQL bulk recorder. Settings come from the environment.",
@@ -236,8 +253,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "dlq": cmd_dlq,
     "api": cmd_api,
     "relay": cmd_relay,
-    "api-key": api_keys.cmd_api_key,
-    "outbox": outbox_tool.cmd_outbox,
+    "api-key": cmd_api_key,
+    "outbox": cmd_outbox,
 }
 
 
@@ -266,20 +283,34 @@ def _fraction(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "healthcheck":
-        return cmd_healthcheck(args)
+    words = sys.argv[1:] if argv is None else argv
+    if words[:1] == ["healthcheck"]:  # its own parser, the standard library only: exit 0 or 1
+        parser = argparse.ArgumentParser(prog="bulk-recorder")
+        healthcheck.add_parser(parser.add_subparsers(dest="command", required=True))
+        return healthcheck.cmd_healthcheck(parser.parse_args(words), os.environ)
+    args = build_parser().parse_args(words)
     try:
         if args.command == "tune":  # reads only the URLs it is given: no settings needed
-            return tune.cmd_tune(args)
+            from consumer.tools.tune import cmd_tune
+
+            return cmd_tune(args)
         return _run(args)
     except BulkRecorderError as exc:  # by class: each carries its exit code
-        log.debug("%s failed", args.command, exc_info=True)
+        import logging
+
+        logging.getLogger(__name__).debug("%s failed", args.command, exc_info=True)
         print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
         return exc.exit_code
 
 
 def _run(args: argparse.Namespace) -> int:
+    from bulk_recorder.infra import tracing
+    from bulk_recorder.infra.logs import setup_logging
+    from bulk_recorder.infra.reach import Unreachable, check_services, check_tls
+    from consumer.failures import failure_line
+    from consumer.runner import run_async
+    from settings import load_settings
+
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
     one_shot = args.command in ONE_SHOT_NEEDS

@@ -21,11 +21,14 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final, Literal
-
-import asyncpg
+from typing import TYPE_CHECKING, Final, Literal
 
 from bulk_recorder.exceptions import EXIT_SETTINGS, EXIT_UNREACHABLE, BulkRecorderError
+
+# The driver's types, for the annotations only: `bulk-recorder --help` imports this module.
+if TYPE_CHECKING:
+    import asyncpg
+    import asyncpg.pool
 
 __all__ = [
     "ADMIN",

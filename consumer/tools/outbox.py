@@ -18,13 +18,12 @@ import argparse
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from bulk_recorder.infra import pg_hosts
-from bulk_recorder.infra.db import Connection
-from bulk_recorder.infra.migrate import migrate
-from bulk_recorder.producer.outbox import notify
-from settings import Settings
+# The drivers when the command runs: `bulk-recorder --help` builds this parser.
+if TYPE_CHECKING:
+    from bulk_recorder.infra.db import Connection
+    from settings import Settings
 
 # Parked rows are never claimed by a relay, so these locks wait for nobody but another unpark.
 _PARKED = """
@@ -82,6 +81,8 @@ async def unpark(conn: Connection, *, limit: int | None, dry_run: bool) -> Unpar
         jobs = sorted(done.per_job)
         await conn.execute(_UNCOUNT, jobs, [done.per_job[j] for j in jobs])
         await conn.execute(_UNPARK, [r["id"] for r in rows])
+        from bulk_recorder.producer.outbox import notify
+
         await notify(conn)
     return done
 
@@ -107,6 +108,9 @@ def cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _run(settings: Settings, args: argparse.Namespace) -> int:
+    from bulk_recorder.infra import pg_hosts
+    from bulk_recorder.infra.migrate import migrate
+
     await migrate(settings.database_url)  # the outbox table, on a fresh install too
     conn = await pg_hosts.connect(settings.database_url)  # every host of the list, as migrate
     try:

@@ -15,12 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import defaultdict
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
 from consumer.tools.tune_advice import (
@@ -44,6 +40,9 @@ class TuneSourceError(BulkRecorderError):
 
 
 def _get(url: str) -> str:
+    import urllib.error  # when it runs: `bulk-recorder --help` builds this parser
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as answer:
             return str(answer.read().decode("utf-8", errors="replace"))
@@ -62,6 +61,8 @@ class TuneUsageError(BulkRecorderError):
 
 def from_metrics(urls: list[str], consumer_timeout_s: float | None) -> Measured:
     """Sum the histograms of every recorder; the least safe value in force across them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     buckets: dict[tuple[str, str], dict[float, float]] = defaultdict(lambda: defaultdict(float))
     limits: list[float] = []
     releases: list[float] = []

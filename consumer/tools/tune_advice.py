@@ -10,7 +10,8 @@ Two numbers must be the ones measured for the item, never copied defaults:
   to a whole minute; and the release time must stay well below the timeout in force (at most
   half of it, less that minute).
 - **The delivery limit** (``RABBITMQ_DELIVERY_LIMIT``) must let every valid record through: the
-  attempts valid records were measured to need, plus two. Poison still reaches the DLQ in a few
+  attempts valid records were measured to need, plus two (the broker delivers a message limit + 1
+  times, so a valid record has three redeliveries to spare). Poison still reaches the DLQ in a few
   deliveries, and a valid record is never dead-lettered for being redelivered after a crash.
 
 Histograms are read as Prometheus writes them: cumulative counts per upper bound (``le``).
@@ -23,7 +24,9 @@ from dataclasses import dataclass, field
 
 RABBITMQ_DEFAULT_CONSUMER_TIMEOUT_S = 1800.0
 HEADROOM_S = 60.0  # added to twice the worst hold, and left below the timeout by a release
-LIMIT_MARGIN = 2  # redeliveries allowed beyond the most a valid record was measured to need
+# Added to the most attempts a valid record was measured to need. The broker delivers a message
+# x-delivery-limit + 1 times, so this leaves LIMIT_MARGIN + 1 redeliveries to spare.
+LIMIT_MARGIN = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,8 @@ def advise(m: Measured) -> Advice:
             )
     if needed is not None:
         advice.delivery_limit = needed + LIMIT_MARGIN
-        if m.delivery_limit is not None and needed >= m.delivery_limit:
+        # x-delivery-limit=N: the broker delivers N + 1 times, the last at attempt N + 1
+        if m.delivery_limit is not None and needed > m.delivery_limit:
             advice.warnings.append(
                 f"RABBITMQ_DELIVERY_LIMIT={m.delivery_limit} has been reached by valid records "
                 f"(recorded at attempt {needed}): one more redelivery (a crash, a consumer "

@@ -112,8 +112,9 @@ async def test_partition_while_a_refused_row_is_dead_lettered_keeps_the_flush_wo
     await locker_tx.start()
     await locker.execute("LOCK TABLE transactions IN ACCESS EXCLUSIVE MODE")
     await broker.publish_many([(_body(t), "transaction") for t in good])
-    # As if at its last allowed delivery: the recorder dead-letters it on this refusal.
-    await broker.publish(_body(stolen), "transaction", headers={"x-delivery-count": limit - 1})
+    # As if at the broker's last delivery (x-delivery-count N of x-delivery-limit=N): the
+    # recorder dead-letters it on this refusal.
+    await broker.publish(_body(stolen), "transaction", headers={"x-delivery-count": limit})
     await wait_for(lambda: _waiting_on_lock(conn))
     mq_proxy.blackhole()
     await locker_tx.rollback()  # the batch commits its good rows, then isolates `stolen`

@@ -149,3 +149,39 @@ async def _parked_are(conn: Any, expected: list[int]) -> bool:
         return False
     left = await conn.fetchval("SELECT count(*) FROM outbox WHERE parked_at IS NULL")
     return int(left) == 0
+
+
+async def test_a_row_put_back_gets_the_full_backoff_again_not_parked_at_its_first_refusal(
+    make_settings, db
+) -> None:
+    """docs/reference.md: unpark puts rows back with attempts 0. A row the broker refused
+    ``max_attempts`` times and that is put back is retried from the first backoff step (1 s)
+    and parked again only after ``max_attempts`` more refusals, as a new row would be."""
+    settings = make_settings()
+    assert (await cli(["migrate"], settings_env(settings))).returncode == 0
+    conn = await db()
+    transaction = Generator.create(1804).transaction()
+    await enqueue(conn, "transaction", transaction["id"], json.dumps(transaction).encode())
+    row = int(await conn.fetchval("SELECT id FROM outbox"))
+    sender = BatchSender(RelayConfig(max_attempts=3), Metrics(), "unused")
+
+    async def refused() -> tuple[int, float]:
+        """Refuse the row once, as the relay's settlement does: (parked?, backoff seconds)."""
+        async with conn.transaction():
+            parked = await sender._refuse(conn, [row], ["closed the channel: test"])
+        wait = await conn.fetchval(
+            "SELECT extract(epoch FROM available_at - now()) FROM outbox WHERE id = $1", row
+        )
+        return parked, float(wait)
+
+    assert [(await refused())[0] for _ in range(3)] == [0, 0, 1]
+    assert await parked_ids(conn) == [row]
+    back = await cli(["outbox", "unpark"], settings_env(settings))
+    assert back.returncode == 0, back.stderr
+    assert "put back 1 parked outbox rows" in back.stdout
+    assert tuple(await conn.fetchrow("SELECT attempts, parked_at FROM outbox")) == (0, None)
+
+    first = await refused()
+    assert first[0] == 0, "parked again at its first refusal after unpark"
+    assert first[1] <= 1.5, f"backoff {first[1]:.1f} s after unpark: its attempts were kept"
+    assert [(await refused())[0] for _ in range(2)] == [0, 1]

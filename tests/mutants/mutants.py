@@ -76,6 +76,9 @@ SPEC = "The OpenAPI document says what the API accepts"
 
 TRACED = "One record's trace is followed from the API to the commit"
 LOGS = "Nothing from outside forges a log line or grows the log; no password in any form"
+HEALTH = "One health check for every role, on its own port"
+T_HEALTH = "tests/integration/test_healthcheck.py::"
+T_READY = "tests/integration/test_readiness.py::"
 T_TRACE = (
     "tests/integration/test_tracing.py::"
     "test_a_request_is_followed_from_the_api_to_the_flush_that_links_it"
@@ -580,8 +583,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="healthcheck-probes-the-recorders-port-whatever-the-role",
         path="consumer/healthcheck.py",
-        old='resolved.metrics_port or 0, "METRICS_PORT"',
-        new='9464, "METRICS_PORT"',
+        old='return _probe_host(settings.metrics_host), port, "METRICS_PORT"',
+        new='return _probe_host(settings.metrics_host), 9464, "METRICS_PORT"',
         promise="One health check for every role, on its own port",
         tests=(
             "tests/integration/test_healthcheck.py::"
@@ -780,8 +783,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="limit-reached-by-valid-records-not-warned",
         path="consumer/tools/tune_advice.py",
-        old="needed >= m.delivery_limit",
-        new="needed > m.delivery_limit",
+        old="needed > m.delivery_limit",
+        new="needed > m.delivery_limit + 1",
         promise=MEASURED,
         tests=(
             "tests/unit/test_tune_advice.py::"
@@ -1236,6 +1239,108 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/unit/test_masking.py::"
             "test_the_tracing_start_up_line_masks_the_endpoints_secrets",
+        ),
+        fast=True,
+    ),
+    # issue 27 (health): the health check knows every documented start, checks liveness and
+    # imports no driver; /readyz names a task that is down and forgets a cancel once consuming;
+    # unpark zeroes attempts; tune warns below its own consumer timeout.
+    Mutant(
+        name="healthcheck-misses-python-m-consumer",
+        path="consumer/healthcheck.py",
+        old='_MODULE_ROLES = {"consumer": "consume"}',
+        new="_MODULE_ROLES: dict[str, str] = {}",
+        promise=HEALTH,
+        tests=(
+            T_HEALTH + "test_healthcheck_is_healthy_for_every_documented_way_to_start_a_role",
+            "tests/unit/test_healthcheck_role.py::"
+            "test_find_role_finds_a_recorder_started_as_python_m_consumer",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="healthcheck-probes-readiness",
+        path="consumer/healthcheck.py",
+        old='path = "/readyz" if ready else "/healthz"',
+        new='path = "/readyz"',
+        promise=HEALTH,
+        tests=(T_HEALTH + "test_healthcheck_is_healthy_while_the_role_is_alive_but_not_ready",),
+    ),
+    Mutant(
+        name="healthcheck-imports-the-whole-cli",
+        path="consumer/cli.py",
+        old="from consumer import healthcheck\n",
+        new="from consumer import healthcheck\nfrom consumer.producer import cmd_api as _eager\n",
+        promise=HEALTH,
+        tests=(
+            "tests/unit/test_healthcheck_cost.py::"
+            "test_the_healthcheck_and_help_import_no_driver_tracing_or_settings_library",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="readyz-ignores-a-supervised-task-down",
+        path="consumer/app.py",
+        old="self._db_ok and workers_ok and not down, detail",
+        new="self._db_ok and workers_ok, detail",
+        promise=BROKER_LOSS,
+        tests=(
+            T_READY + "test_readyz_is_503_and_names_a_supervised_task_that_is_down_while_the_"
+            "services_are_up",
+        ),
+    ),
+    Mutant(
+        name="supervisor-reports-a-raised-task-running",
+        path="bulk_recorder/infra/supervisor.py",
+        old="if task.done() and not (self._starters[name][1] and _returned(task))",
+        new="if task.done() and task.cancelled()",
+        promise=BROKER_LOSS,
+        tests=(
+            T_READY + "test_readyz_is_503_and_names_a_supervised_task_that_is_down_while_the_"
+            "services_are_up",
+        ),
+    ),
+    Mutant(
+        name="cancelled-consumer-note-kept",
+        path="consumer/consuming.py",
+        old="        self.ok = True\n        self.cancelled_note = None\n",
+        new="        self.ok = True\n",
+        promise=BROKER_LOSS,
+        tests=(T_READY + "test_readyz_drops_the_cancelled_consumer_once_it_consumes_again",),
+    ),
+    Mutant(
+        name="unpark-keeps-the-attempts",
+        path="consumer/tools/outbox.py",
+        old="SET parked_at = NULL, attempts = 0, available_at",
+        new="SET parked_at = NULL, available_at",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_outbox_unpark.py::"
+            "test_a_row_put_back_gets_the_full_backoff_again_not_parked_at_its_first_refusal",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="tune-timeout-headroom-unwarned",
+        path="consumer/tools/tune_advice.py",
+        old="elif 2 * worst + HEADROOM_S > timeout:",
+        new="elif 2 * worst > timeout:",
+        promise=MEASURED,
+        tests=(
+            "tests/unit/test_tune_advice.py::"
+            "test_a_consumer_timeout_below_twice_the_worst_hold_plus_the_headroom_warns",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="refused-row-dead-lettered-a-delivery-early",
+        path="bulk_recorder/recorder/flusher.py",
+        old="if delivery.delivery_count >= self._delivery_limit:",
+        new="if delivery.delivery_count + 1 >= self._delivery_limit:",
+        promise=REFUSED_ROW,
+        tests=(
+            "tests/integration/test_delivery_limit.py::"
+            "test_a_refused_row_is_dead_lettered_with_its_reason_on_the_brokers_last_delivery",
         ),
         fast=True,
     ),

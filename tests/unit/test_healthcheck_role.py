@@ -42,3 +42,10 @@ def test_find_role_finds_nothing_where_no_role_runs(tmp_path: Path) -> None:
     proc = _proc(tmp_path, {1: ["sh"], 5: ["bulk-recorder", "migrate"]})
     assert find_role(proc=proc) is None
     assert find_role(5, proc=proc) is None
+
+
+def test_find_role_finds_a_recorder_started_as_python_m_consumer(tmp_path: Path) -> None:
+    """docs/reference.md: `python -m consumer` is the same as `bulk-recorder consume`."""
+    proc = _proc(tmp_path, {1: ["/usr/bin/tini", "--", "python3", "-m", "consumer"]})
+    assert find_role(proc=proc) == (1, "consume")
+    assert find_role(1, proc=proc) == (1, "consume")

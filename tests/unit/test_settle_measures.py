@@ -85,7 +85,7 @@ async def test_holds_count_from_receipt_and_attempts_are_the_delivery_count_plus
     flusher = Flusher(FakeWriter(), metrics, delivery_limit=LIMIT, release_after_s=60.0)
     # received 7 s before the flush starts (a batch that waited behind busy workers)
     batch = [_pending("a", 0, 7.0), _pending("b", 2, 7.0), _pending("poison-1", 0, 7.0)]
-    batch.append(_pending("poison-2", LIMIT - 1, 7.0))  # its last allowed delivery
+    batch.append(_pending("poison-2", LIMIT, 7.0))  # the broker's last delivery (N + 1 of N)
     metrics.buffer_messages.inc(len(batch))
     for p in batch:
         metrics.held.add(cast(FakeDelivery, p.delivery))
@@ -105,8 +105,8 @@ async def test_holds_count_from_receipt_and_attempts_are_the_delivery_count_plus
     assert _bucket(metrics, attempt, "recorded", "1.0") == 1  # x-delivery-count 0: attempt 1
     assert _bucket(metrics, attempt, "recorded", "2.0") == 1
     assert _bucket(metrics, attempt, "recorded", "3.0") == 2  # x-delivery-count 2: attempt 3
-    assert _bucket(metrics, attempt, "dead_lettered", "2.0") == 0
-    assert _bucket(metrics, attempt, "dead_lettered", "3.0") == 1  # dead-lettered at the limit
+    assert _bucket(metrics, attempt, "dead_lettered", "3.0") == 0
+    assert _bucket(metrics, attempt, "dead_lettered", "4.0") == 1  # at the last: limit + 1
     assert metrics.registry.get_sample_value("bulk_recorder_buffer_messages") == 0
     assert metrics.registry.get_sample_value("bulk_recorder_oldest_held_seconds") == 0
     assert len(metrics.held) == 0  # every settle removed its delivery

@@ -88,11 +88,14 @@ def test_defaults_with_quick_flushes_and_no_redelivery_warn_of_nothing() -> None
 
 
 def test_a_limit_reached_by_valid_records_warns_and_recommends_two_more() -> None:
-    advice = advise(measured([0.1], [1, 1, 3, 5], limit=5))
-    assert advice.attempts_needed == 5
-    assert advice.delivery_limit == 7
+    """x-delivery-limit=5 lets the broker deliver 6 times (tests/integration/
+    test_delivery_limit.py): a record recorded at attempt 6 had no redelivery to spare; one
+    at attempt 5 still had one."""
+    advice = advise(measured([0.1], [1, 1, 3, 6], limit=5))
+    assert advice.attempts_needed == 6
+    assert advice.delivery_limit == 8
     assert any("RABBITMQ_DELIVERY_LIMIT=5 has been reached" in w for w in advice.warnings)
-    assert advise(measured([0.1], [1, 4], limit=5)).warnings == []
+    assert advise(measured([0.1], [1, 5], limit=5)).warnings == []
 
 
 def test_a_release_time_not_well_below_the_timeout_warns_and_is_capped() -> None:
@@ -163,3 +166,22 @@ def test_the_settle_histogram_exports_what_prometheus_client_would() -> None:
     assert samples[("x_seconds_count", (("outcome", "b"),))] == 0
     with pytest.raises(ValueError, match="increasing"):
         SettleHistogram("y", "doc", "o", ("a",), (2.0, 1.0), registry)
+
+
+@pytest.mark.parametrize("timeout", [400.0, 620.0, 659.0])
+def test_a_consumer_timeout_below_twice_the_worst_hold_plus_the_headroom_warns(
+    timeout: float,
+) -> None:
+    """docs/operations.md: the timeout must cover twice the longest hold plus a minute. Holds
+    of up to 300 s need 660 s, which tune recommends: 620 s in force is a WARNING, not silence."""
+    advice = advise(measured([200.0], [1], release=60.0, timeout=timeout))
+    assert advice.worst_hold_s == 300.0
+    assert advice.consumer_timeout_s == 660.0
+    warned = [w for w in advice.warnings if "does not cover twice the longest hold" in w]
+    assert warned, f"timeout {timeout:g} s, recommended 660 s: {advice.warnings}"
+    assert f"({timeout:g} s)" in warned[0]
+    assert "WARNING: " + warned[0] in render(advice, measured([200.0], [1], timeout=timeout), 1)
+
+
+def test_a_consumer_timeout_that_covers_twice_the_worst_hold_plus_the_headroom_is_quiet() -> None:
+    assert advise(measured([200.0], [1], release=60.0, timeout=660.0)).warnings == []

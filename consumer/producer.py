@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 import sys
+from types import FrameType
 
 from aio_pika.abc import AbstractChannel
 
@@ -27,11 +28,26 @@ log = logging.getLogger(__name__)
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from bulk_recorder.infra.stop_budget import Deadline, stop_budget
     from bulk_recorder.producer.api import create_app
     from consumer.runner import run_async
 
+    class Server(uvicorn.Server):
+        """uvicorn's server, starting the stop budget's clock on the signal."""
+
+        def __init__(self, config: uvicorn.Config, deadline: Deadline) -> None:
+            super().__init__(config)
+            self.deadline = deadline
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            self.deadline.start()
+            super().handle_exit(sig, frame)
+
+    budget = stop_budget("api", settings)
+    log.info("%s", budget.describe())
+    deadline = budget.deadline()
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, stop_deadline=deadline),
         host=settings.api_host,
         port=settings.api_port,
         loop="uvloop",
@@ -40,9 +56,9 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
         log_config=None,  # keep the service's logging set-up
         access_log=False,  # one line a request would cost more than the request; see /metrics
         server_header=False,
-        timeout_graceful_shutdown=int(settings.bulk_recorder_shutdown_timeout_s),
+        timeout_graceful_shutdown=int(budget.step("requests")),
     )
-    server = uvicorn.Server(config)
+    server = Server(config, deadline)
     # Bound here, before uvicorn starts: a taken port is one line naming API_PORT and exit 2
     # (uvicorn would log the OSError and exit 1).
     listener = bind_listener("API_PORT", settings.api_host, settings.api_port)

@@ -117,7 +117,7 @@ class Settings(OtelSettings):
         ),
     )
     bulk_recorder_shutdown_timeout_s: float = Field(
-        30.0, gt=0, le=600, description="Bounded wait for the final flush on SIGTERM."
+        30.0, gt=0, le=600, description="First step of a stop: final flush, batches, requests."
     )
     bulk_recorder_db_command_timeout_s: float = Field(
         15.0,

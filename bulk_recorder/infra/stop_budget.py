@@ -12,7 +12,9 @@ manifests are this total plus a margin (``tests/ops/test_stop_budget.py``).
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -30,6 +32,8 @@ CLOSE_S: Final = 5.0
 # waits this long for the broker's Close-Ok (``READER_CLOSE_TIMEOUT``), cancellation or not.
 # A step that closes a connection is given its time less this.
 CLOSE_OK_S: Final = 2.0
+# A grace period is the budget plus this (the exit itself, the signal's delivery, a busy node).
+GRACE_MARGIN_S: Final = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +54,12 @@ class StopBudget:
         parts = " + ".join(f"{name} {seconds:g} s" for name, seconds in self.steps)
         return f"stop budget ({self.role}): {parts} = {self.total_s:g} s from SIGTERM to exit"
 
-    def deadline(self) -> Deadline:
-        return Deadline(self)
+    def deadline(self, clock: Callable[[], float] = time.monotonic) -> Deadline:
+        return Deadline(self, clock)
+
+    def grace_period_s(self, pre_stop_s: float = 0.0) -> int:
+        """The shortest grace period (whole seconds) for this budget after a ``preStop`` wait."""
+        return math.ceil(pre_stop_s + self.total_s + GRACE_MARGIN_S)
 
 
 def stop_budget(role: Role, settings: Settings) -> StopBudget:
@@ -71,13 +79,14 @@ def stop_budget(role: Role, settings: Settings) -> StopBudget:
 class Deadline:
     """One stop's clock: started by :meth:`start` (the signal), or at the first question."""
 
-    def __init__(self, budget: StopBudget) -> None:
+    def __init__(self, budget: StopBudget, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = budget
+        self._clock = clock
         self._started: float | None = None
 
     def start(self) -> None:
         if self._started is None:
-            self._started = time.monotonic()
+            self._started = self._clock()
 
     @property
     def started(self) -> bool:
@@ -86,7 +95,7 @@ class Deadline:
     def elapsed(self) -> float:
         self.start()
         assert self._started is not None
-        return time.monotonic() - self._started
+        return self._clock() - self._started
 
     def left(self, reserve_s: float = 0.0) -> float:
         """Seconds left of the whole budget, less ``reserve_s`` kept for later steps (>= 0)."""

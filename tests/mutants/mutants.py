@@ -864,4 +864,50 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    # issue 29 (shutdown): one stop budget per role; the steps after the first take what is left
+    Mutant(
+        name="stop-budget-copies-past-their-confirm",
+        path="bulk_recorder/infra/stop_budget.py",
+        old="        copies = min(settings.bulk_recorder_confirm_timeout_s, FINAL_COPIES_S)\n",
+        new="        copies = max(settings.bulk_recorder_confirm_timeout_s, FINAL_COPIES_S)\n",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/unit/test_stop_budget.py::test_the_recorder_budget_is_flush_then_copies_then_close",
+            "tests/ops/test_kubernetes.py::test_the_grace_period_follows_from_the_stop_budget",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="stop-basic-cancel-unbounded",
+        path="consumer/app.py",
+        old='            async with asyncio.timeout(deadline.left_for("flush")):\n',
+        new="            async with asyncio.timeout(None):\n",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_stop_budget.py::"
+            "test_recorder_stops_within_its_budget_with_broker_and_database_held",
+        ),
+    ),
+    Mutant(
+        name="relay-stop-lanes-own-bound",
+        path="bulk_recorder/producer/relay.py",
+        old='timeout=deadline.left_for("batches"))',
+        new="timeout=c.publish_timeout_s + 5)",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_stop_budget.py::"
+            "test_relay_stops_within_its_budget_with_broker_and_database_held",
+        ),
+    ),
+    Mutant(
+        name="api-stop-pool-own-bound",
+        path="bulk_recorder/producer/api/app.py",
+        old="                    await asyncio.wait_for(pool.close(), deadline.left())\n",
+        new="                    await asyncio.wait_for(pool.close(), 10)\n",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_stop_budget.py::"
+            "test_api_stops_within_its_budget_with_the_database_held",
+        ),
+    ),
 )

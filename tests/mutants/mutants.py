@@ -910,4 +910,15 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_api_stops_within_its_budget_with_the_database_held",
         ),
     ),
+    Mutant(
+        name="otel-grpc-protocol-ignored",
+        path="bulk_recorder/otel_settings.py",
+        old="        if value != PROTOCOL:\n",
+        new="        if False:\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/unit/test_otel_settings.py::test_what_the_sdk_here_cannot_do_is_refused_by_name",
+        ),
+        fast=True,
+    ),
 )

@@ -921,4 +921,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="aiormq-connect-errors-logged",
+        path="bulk_recorder/infra/logs.py",
+        old="    quiet_aiormq_connect_errors()\n",
+        new="    pass\n",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/faults/test_outage_log_lines.py::test_a_refused_broker_is_one_warning_per_connection_and_no_error",
+        ),
+    ),
+    Mutant(
+        name="outage-warning-every-retry",
+        path="bulk_recorder/infra/reconnect.py",
+        old="        if self._failures == 0:\n",
+        new="        if True:\n",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/faults/test_outage_log_lines.py::test_a_refused_broker_is_one_warning_per_connection_and_no_error",
+        ),
+    ),
 )

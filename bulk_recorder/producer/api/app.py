@@ -42,7 +42,7 @@ from bulk_recorder.infra import tracing
 from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.stop_budget import Deadline, stop_budget
-from bulk_recorder.producer.api.api_docs import serve_docs_offline
+from bulk_recorder.producer.api.api_docs import API_DESCRIPTION, serve_docs_offline
 from bulk_recorder.producer.api.asgi import ASGIApp, Receive, Scope, Send, StatusSeen
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
@@ -146,7 +146,7 @@ def create_app(
     app = _Api(
         title="bulk-recorder ingest API",
         version=API_VERSION,
-        description=__doc__,
+        description=API_DESCRIPTION,
         lifespan=lifespan,
         docs_url=None,  # /docs and /redoc come from serve_docs_offline: no CDN
         redoc_url=None,

@@ -941,4 +941,16 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/faults/test_outage_log_lines.py::test_a_refused_broker_is_one_warning_per_connection_and_no_error",
         ),
     ),
+    Mutant(
+        name="edited-migration-accepted",
+        path="bulk_recorder/infra/migrate.py",
+        old="        if kept is not None and kept != checksum(sql):\n",
+        new="        if False:\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/integration/test_migration_checksums.py::"
+            "test_an_edited_applied_migration_is_refused_naming_the_file",
+        ),
+        fast=True,
+    ),
 )

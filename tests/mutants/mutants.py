@@ -953,4 +953,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="load-commands-reach-remote-hosts",
+        path="consumer/tools/local_only.py",
+        old="        if host and not _loopback(host):",
+        new="        if False:",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/integration/test_cli_polish.py::"
+            "test_the_load_commands_refuse_a_remote_broker_unless_allowed",
+        ),
+    ),
+    Mutant(
+        name="help-without-defaults",
+        path="consumer/cli.py",
+        old='        return text + " (default: %(default)s)"\n',
+        new="        return text\n",
+        promise=BAD_SETTINGS,
+        tests=("tests/unit/test_cli_help.py::test_every_option_has_help_and_shows_its_default",),
+        fast=True,
+    ),
 )

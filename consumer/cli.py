@@ -267,10 +267,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("api", help="serve the ingest API on API_HOST:API_PORT until SIGTERM")
     relay = sub.add_parser("relay", help="publish outbox rows with confirms until SIGTERM")
-    relay.add_argument("--batch-size", type=_positive_int, default=500, help="rows a claim")
-    relay.add_argument("--lanes", type=_positive_int, default=2, help="concurrent batches")
     relay.add_argument(
-        "--poll-interval", type=float, default=1.0, help="seconds between polls without NOTIFY"
+        "--batch-size",
+        type=_positive_int,
+        default=None,
+        help="rows a claim (default: RELAY_BATCH_SIZE, 500)",
+    )
+    relay.add_argument(
+        "--lanes",
+        type=_positive_int,
+        default=None,
+        help="concurrent batches (default: RELAY_LANES, 2)",
+    )
+    relay.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        help="seconds between polls without NOTIFY (default: RELAY_POLL_INTERVAL_S, 1.0)",
     )
     api_keys.add_parser(sub)
     outbox_tool.add_parser(sub)

@@ -16,11 +16,15 @@ import signal
 import socket
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from aio_pika.abc import AbstractChannel
 
 from consumer.health import PortUnavailable
 from settings import Settings
+
+if TYPE_CHECKING:
+    from bulk_recorder.producer.relay_batch import RelayConfig
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +101,29 @@ def _ignore(signum: int, frame: object) -> None:
     log.debug("signal %d after shutdown ignored", signum)
 
 
+def relay_config(settings: Settings, args: argparse.Namespace) -> RelayConfig:
+    """The relay's batch size, lanes and poll interval: an option wins over its RELAY_* setting;
+    ``ValueError`` for a value RelayConfig refuses."""
+    from bulk_recorder.producer.relay import RelayConfig
+
+    def chosen(option: float | None, setting: float) -> float:
+        return setting if option is None else option
+
+    return RelayConfig(
+        batch_size=int(chosen(args.batch_size, settings.relay_batch_size)),
+        lanes=int(chosen(args.lanes, settings.relay_lanes)),
+        poll_interval_s=chosen(args.poll_interval, settings.relay_poll_interval_s),
+    )
+
+
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.producer.relay import Relay, RelayConfig
+    from bulk_recorder.producer.relay import Relay
     from consumer.health import HealthServer
     from consumer.runner import run_async, with_stop_signals
     from consumer.topology import Topology, declare_or_mismatch
 
     try:
-        config = RelayConfig(
-            batch_size=args.batch_size, lanes=args.lanes, poll_interval_s=args.poll_interval
-        )
+        config = relay_config(settings, args)
     except ValueError as exc:
         print(f"bulk-recorder relay: {exc}", file=sys.stderr)
         return 2

@@ -973,4 +973,16 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/unit/test_cli_help.py::test_every_option_has_help_and_shows_its_default",),
         fast=True,
     ),
+    Mutant(
+        name="relay-settings-ignored",
+        path="consumer/producer.py",
+        old="        return setting if option is None else option\n",
+        new="        return 1 if option is None else option\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/unit/test_relay_settings.py::"
+            "test_the_relay_settings_are_its_defaults_and_an_option_wins",
+        ),
+        fast=True,
+    ),
 )

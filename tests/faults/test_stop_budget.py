@@ -20,12 +20,12 @@ import pytest
 
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.infra.stop_budget import stop_budget
-from bulk_recorder.producer.outbox import enqueue, notify
 from consumer.tools.generator import Generator
 from consumer.tools.loadgen import LoadSpec, publish_load
 from tests.conftest import free_port, wait_for
 from tests.faults.audit import audit_run, row_counts, wait_for_rows, wait_until_settled
 from tests.faults.conftest import API, RELAY, RecorderProcess, via_proxy
+from tests.faults.test_relay_partition import _fill_outbox
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(240)]
 
@@ -81,18 +81,6 @@ async def test_recorder_stops_within_its_budget_with_broker_and_database_held(
     audit.assert_exact(dlq_surplus_allowed=True)
 
 
-async def _fill_outbox(conn, n: int) -> set[str]:
-    gen = Generator.create(29)
-    ids: set[str] = set()
-    async with conn.transaction():
-        for _ in range(n):
-            record = gen.credit_annotation()
-            await enqueue(conn, "credit_annotation", record["id"], json.dumps(record).encode())
-            ids.add(record["id"])
-        await notify(conn)
-    return ids
-
-
 async def test_relay_stops_within_its_budget_with_broker_and_database_held(
     make_settings, recorders, broker, db, services, database_url, mq_proxy, pg_proxy
 ) -> None:
@@ -101,7 +89,7 @@ async def test_relay_stops_within_its_budget_with_broker_and_database_held(
     await migrate(database_url)
     conn = await db()
     relay = await recorders.start(settings, args=(*RELAY, "--batch-size", "50"), name="relay")
-    ids = await _fill_outbox(conn, 3_000)
+    ids = await _fill_outbox(conn, seed=29, n=3_000)
 
     async def moving() -> bool:
         return int(await conn.fetchval("SELECT count(*) FROM outbox")) < len(ids)

@@ -4,29 +4,12 @@ load commands refuse a remote target unless ``--allow-remote`` (before reaching 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_cli, settings_env
+from tests.conftest import free_port, run_cli, settings_env
 
 pytestmark = [pytest.mark.postgres]
-
-
-def _cli(
-    args: list[str], env: dict[str, str], answer: str = ""
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "consumer.cli", *args],
-        cwd=REPO,
-        env=env,
-        input=answer,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_api_key_list_json_and_a_revoke_of_several_keys_asks_first(make_settings) -> None:
@@ -38,7 +21,7 @@ def test_api_key_list_json_and_a_revoke_of_several_keys_asks_first(make_settings
     assert sorted(k["client"] for k in listed) == ["other", "shop", "shop"]
     assert {"id", "prefix", "scopes", "created_at", "revoked_at"} <= set(listed[0])
 
-    declined = _cli(["api-key", "revoke", "shop"], env, answer="n\n")
+    declined = run_cli(["api-key", "revoke", "shop"], env, answer="n\n")
     assert declined.returncode == 1, declined.stderr
     assert "revoke all 2 live keys of client 'shop'?" in declined.stdout
     assert all(
@@ -47,8 +30,8 @@ def test_api_key_list_json_and_a_revoke_of_several_keys_asks_first(make_settings
     )
 
     one = next(k["id"] for k in listed if k["client"] == "other")
-    assert _cli(["api-key", "revoke", one], env).returncode == 0  # one key: no question
-    assert _cli(["api-key", "revoke", "shop", "--yes"], env).returncode == 0
+    assert run_cli(["api-key", "revoke", one], env).returncode == 0  # one key: no question
+    assert run_cli(["api-key", "revoke", "shop", "--yes"], env).returncode == 0
     after = json.loads(run_cli(["api-key", "list", "--json"], env).stdout)
     assert all(k["revoked_at"] is not None for k in after)
 

@@ -19,6 +19,7 @@ from pydantic_settings import SettingsConfigDict
 from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
 from bulk_recorder.masking import masked
 from bulk_recorder.otel_settings import OtelSettings
+from bulk_recorder.relay_settings import RelaySettings
 
 # PostgreSQL's bind-parameter limit per statement (a 16-bit counter in the wire protocol).
 PG_MAX_PARAMETERS = 65_535
@@ -35,7 +36,7 @@ class SettingsError(BulkRecorderError, ValueError):
     exit_code = EXIT_SETTINGS
 
 
-class Settings(OtelSettings):
+class Settings(RelaySettings, OtelSettings):
     """Typed view of the environment: field ``foo_bar`` is ``FOO_BAR`` (``OTEL_*``: the base)."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
@@ -117,7 +118,7 @@ class Settings(OtelSettings):
         ),
     )
     bulk_recorder_shutdown_timeout_s: float = Field(
-        30.0, gt=0, le=600, description="Bounded wait for the final flush on SIGTERM."
+        30.0, gt=0, le=600, description="First step of a stop: final flush, batches, requests."
     )
     bulk_recorder_db_command_timeout_s: float = Field(
         15.0,

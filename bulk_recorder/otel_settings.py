@@ -25,6 +25,14 @@ Sampler = Literal[
     "parentbased_traceidratio",
 ]
 
+# The one OTLP protocol the installed exporter (opentelemetry-exporter-otlp-proto-http) speaks.
+PROTOCOL = "http/protobuf"
+
+
+def _names(value: str) -> list[str]:
+    """A comma-separated list of names, lower-cased, blanks dropped."""
+    return [name.strip().lower() for name in value.split(",") if name.strip()]
+
 
 class OtelSettings(BaseSettings):
     """Tracing is on when an OTLP endpoint is set and ``OTEL_SDK_DISABLED`` is not true."""
@@ -63,6 +71,54 @@ class OtelSettings(BaseSettings):
         description="More resource attributes, `key=value,key2=value2` (values percent-encoded).",
     )
 
+    otel_exporter_otlp_protocol: str = Field(
+        PROTOCOL,
+        description="`http/protobuf` only (the installed exporter); `grpc`, `http/json`: exit 2.",
+    )
+    otel_exporter_otlp_traces_protocol: str | None = Field(
+        None, description="The traces' own protocol; as OTEL_EXPORTER_OTLP_PROTOCOL."
+    )
+    otel_traces_exporter: str = Field(
+        "otlp", description="`otlp`, or `none` (tracing off); any other exporter: exit 2."
+    )
+    otel_propagators: str = Field(
+        "tracecontext",
+        description="`tracecontext` (W3C), the only one carried; any other (`baggage`): exit 2.",
+    )
+
+    @field_validator("otel_exporter_otlp_protocol", "otel_exporter_otlp_traces_protocol")
+    @classmethod
+    def _protocol(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None if value is None else PROTOCOL
+        value = value.strip().lower()
+        if value != PROTOCOL:
+            raise ValueError(
+                f"{value!r} is not supported: spans are sent with the installed OTLP/HTTP "
+                f"exporter, protocol {PROTOCOL!r} (point the endpoint at the collector's "
+                "HTTP port, 4318)"
+            )
+        return value
+
+    @field_validator("otel_traces_exporter")
+    @classmethod
+    def _exporter(cls, value: str) -> str:
+        names = _names(value) or ["otlp"]
+        if names not in (["otlp"], ["none"]):
+            raise ValueError("must be 'otlp' or 'none': no other exporter is installed")
+        return names[0]
+
+    @field_validator("otel_propagators")
+    @classmethod
+    def _propagators(cls, value: str) -> str:
+        names = _names(value) or ["tracecontext"]
+        if names != ["tracecontext"]:
+            unknown = ", ".join(repr(n) for n in names if n != "tracecontext")
+            raise ValueError(
+                f"{unknown} not supported: only 'tracecontext' (W3C traceparent) is carried"
+            )
+        return "tracecontext"
+
     @field_validator("otel_traces_sampler", mode="before")
     @classmethod
     def _sampler_lower(cls, value: object) -> object:
@@ -88,7 +144,7 @@ class OtelSettings(BaseSettings):
     @property
     def otel_traces_url(self) -> str | None:
         """Where spans are sent, or None when tracing is off."""
-        if self.otel_sdk_disabled:
+        if self.otel_sdk_disabled or self.otel_traces_exporter == "none":
             return None
         if self.otel_exporter_otlp_traces_endpoint:
             return self.otel_exporter_otlp_traces_endpoint

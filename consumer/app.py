@@ -20,8 +20,8 @@ backoff, and ``ready()`` is False, naming it, while it is down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 from functools import partial
 
 import asyncpg
@@ -33,6 +33,7 @@ from bulk_recorder.infra.broker import (
 )
 from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.stop_budget import CLOSE_OK_S, Deadline, stop_budget
 from bulk_recorder.infra.supervisor import Supervisor
 from bulk_recorder.recorder.collector import BulkCollector
 from bulk_recorder.recorder.flusher import Flusher, Pending, count_dead_letter
@@ -50,10 +51,6 @@ from consumer.topology import Topology
 from settings import Settings
 
 log = logging.getLogger(__name__)
-
-# At shutdown, the longest wait for copies already published (each within its confirm
-# timeout) after the bounded final flush: the default 30 s flush and this fit the 40 s grace.
-FINAL_COPIES_S = 8.0
 
 
 class Recorder:
@@ -101,6 +98,7 @@ class Recorder:
         )
         self._db_ok = False
         self._stopping = False
+        self.stop_budget = stop_budget("consume", settings)
         self.health: HealthServer | None = None
         self.queue_watch = QueueWatch(
             self.metrics,
@@ -149,6 +147,7 @@ class Recorder:
             rows_per_insert(9, s.bulk_recorder_max_rows_per_insert),
             s.rabbitmq_queue,
         )
+        log.info("%s", self.stop_budget.describe())
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -186,10 +185,13 @@ class Recorder:
             tasks.start("broker-loop", partial(self._consuming.run, stop))
             await stop.wait()
         finally:
+            deadline = self.stop_budget.deadline()  # from the signal (or the failure) on
+            deadline.start()
             tasks.close()
             watch_stop.set()
-            await tasks.cancel("queue-watch")
-            await self._shutdown(publisher_stop)
+            await tasks.cancel("queue-watch", within_s=deadline.left_for("flush"))
+            await self._shutdown(deadline)
+            await self._close(publisher_stop, deadline)
         if self._consuming.mismatch is not None:
             raise self._consuming.mismatch
 
@@ -291,63 +293,72 @@ class Recorder:
 
     # -- shutdown -------------------------------------------------------------------------
 
-    async def _shutdown(self, publisher_stop: asyncio.Event) -> None:
-        """Stop intake, flush what is buffered (bounded), settle it, then close in order.
+    async def _shutdown(self, deadline: Deadline) -> None:
+        """Stop intake, flush what is buffered (bounded), settle it.
 
         A batch that meets an outage now, and a dead letter still held, are released at once
         (republished, then acked) rather than left to the channel's close, which would spend
-        one of their deliveries. Past the bounded wait no new copy starts, and the copies under
-        way are confirmed and their originals acked before the consuming channel closes (see
-        :meth:`_finish_copies`). The publishing connection closes last.
+        one of their deliveries. Past the flush's share of the budget no new copy starts, and
+        the copies under way are confirmed and their originals acked before the consuming
+        channel closes (see :meth:`_finish_copies`), within the copies' share.
         """
         self._stopping = True
         self._intake.close()
-        started = time.monotonic()
-        await self._consuming.stop(for_good=True)
+        with contextlib.suppress(TimeoutError):  # a held broker may never answer the cancel
+            async with asyncio.timeout(deadline.left_for("flush")):
+                await self._consuming.stop(for_good=True)
         self._collector.flush("shutdown")
         self._dead_letterer.stop_holding()
         if self._flusher is not None:
             self._flusher.stop_retrying()
-        timeout = self.settings.bulk_recorder_shutdown_timeout_s
-        await self._flush_pool.drain(timeout)
+        await self._flush_pool.drain(deadline.left_for("flush"))
         held = set(self._settling)
         if self._flusher is not None:
             held.add(asyncio.ensure_future(self._flusher.wait_held()))
-        left = max(1.0, timeout - (time.monotonic() - started))
+        left = deadline.left_for("flush")
         _, pending = await asyncio.wait(held, timeout=left) if held else (set(), set())
-        await self._finish_copies()
+        await self._finish_copies(deadline)
         if pending:
             log.warning("held dead letters not settled in time; the broker redelivers them")
             for fut in pending:
                 fut.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        await self._flush_pool.stop()
-        await self._tasks.cancel(PAUSE)
+            await asyncio.wait(pending, timeout=deadline.left())
+
+    async def _close(self, publisher_stop: asyncio.Event, deadline: Deadline) -> None:
+        """Close in order, each step within what is left of the stop budget: the flush
+        workers, the consuming connection, the publishing connection last, then the pool."""
+        await self._flush_pool.stop(within_s=deadline.left_for("copies"))
+        await self._tasks.cancel(PAUSE, within_s=deadline.left_for("copies"))
         self._collector.close()
-        await self._consuming.close()
+        await self._consuming.close(deadline, then_s=CLOSE_OK_S)  # the publisher's close after
         publisher_stop.set()
-        for publisher in self._tasks.tasks("publisher"):
-            try:
-                await asyncio.wait_for(publisher, 15)
-            except Exception:  # the publisher's own end: a surprise there must not stop the rest
-                log.exception("the publishing connection did not close cleanly")
-        await self._tasks.cancel()  # the broker loop ended on stop; nothing else is left
+        publishers = self._tasks.tasks("publisher")
+        left = deadline.left(CLOSE_OK_S)  # its close, once cancelled, may take that much more
+        done, _ = await asyncio.wait(publishers, timeout=left) if publishers else ((), ())
+        for publisher in done:
+            if not publisher.cancelled() and publisher.exception() is not None:
+                # the publisher's own end: a surprise there must not stop the rest
+                log.error(
+                    "the publishing connection did not close cleanly: %r", publisher.exception()
+                )
+        # the broker loop ended on stop; nothing else is left (a publisher still closing ends)
+        await self._tasks.cancel(within_s=deadline.left())
         if self._pool is not None:
             try:
-                await asyncio.wait_for(self._pool.close(), 10)
+                await asyncio.wait_for(self._pool.close(), deadline.left())
             except TimeoutError:
                 self._pool.terminate()
         if self.health is not None:
             await self.health.stop()
-        log.info("recorder stopped in %.1f s", time.monotonic() - started)
+        log.info("recorder stopped in %.1f s", deadline.elapsed())
 
-    async def _finish_copies(self) -> None:
+    async def _finish_copies(self, deadline: Deadline) -> None:
         """No new copy (release or dead letter) from now on: a delivery not yet copied stays
         unacked and the channel's close returns it, judged by nothing. A copy already published
         is a second one in the queue until its original is acked: wait for those (bounded)."""
         dead_letterer = self._dead_letterer
         dead_letterer.stop_copying()
-        wait_s = min(self.settings.bulk_recorder_confirm_timeout_s, FINAL_COPIES_S)
+        wait_s = min(self.stop_budget.step("copies"), deadline.left_for("copies"))
         if dead_letterer.copies_under_way:
             log.info(
                 "waiting for %d published copies under way (confirm, then the original's ack)",

@@ -15,6 +15,7 @@ stops, and ``run`` raises it (exit 3).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -29,6 +30,7 @@ from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import BrokerNodes, TopologyMismatch, broker_failures_suppressed
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.reconnect import Session, keep_connected
+from bulk_recorder.infra.stop_budget import CLOSE_OK_S, Deadline
 from consumer.topology import Topology, declare_or_mismatch
 
 log = logging.getLogger(__name__)
@@ -203,21 +205,23 @@ class Consuming:
                 with broker_failures_suppressed():
                     await channel.basic_cancel(tag)
 
-    async def close(self) -> None:
+    async def close(self, deadline: Deadline, *, then_s: float = 0.0) -> None:
         """Close the connection a stop left open, once the broker has had the final acks.
 
         First one round trip on the consuming channel (a Basic.Qos that changes nothing: its
         reply comes after the broker's channel has handled every ack written before it), then
         :data:`LAST_ACKS_LINGER_S` for the queue to apply them, then the close (which still
-        writes every frame queued before it).
+        writes every frame queued before it); all within what is left of the stop budget less
+        ``then_s`` (the steps after this one).
         """
         if self.connection is None:
             return
+        reserve = then_s + CLOSE_OK_S  # the close may outlast its bound by CLOSE_OK_S
         channel = self.channel
         if channel is not None and not channel.is_closed:
-            with broker_failures_suppressed():
-                async with asyncio.timeout(10):
+            with broker_failures_suppressed(), contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(deadline.left(reserve)):
                     await channel.basic_qos(prefetch_count=self.prefetch)
-                await asyncio.sleep(LAST_ACKS_LINGER_S)
-        with broker_failures_suppressed():
-            await close_connection(self.connection, 10)
+                    await asyncio.sleep(LAST_ACKS_LINGER_S)
+        with broker_failures_suppressed(), contextlib.suppress(TimeoutError):
+            await close_connection(self.connection, deadline.left(reserve))

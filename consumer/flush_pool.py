@@ -97,9 +97,10 @@ class FlushPool:
         except TimeoutError:
             log.warning("final flush did not finish in time; unacked messages will be redelivered")
 
-    async def stop(self) -> None:
-        """End the workers (after :meth:`drain`)."""
-        await self._supervisor.cancel(WORKER)
+    async def stop(self, within_s: float | None = None) -> None:
+        """End the workers (after :meth:`drain`), waiting at most ``within_s`` for a settle
+        under way (shielded): what it has not acked, the channel's close returns."""
+        await self._supervisor.cancel(WORKER, within_s=within_s)
 
     async def _work(self) -> None:
         assert self._flusher is not None

@@ -15,11 +15,16 @@ import logging
 import signal
 import socket
 import sys
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from aio_pika.abc import AbstractChannel
 
 from consumer.health import PortUnavailable
 from settings import Settings
+
+if TYPE_CHECKING:
+    from bulk_recorder.producer.relay_batch import RelayConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +32,26 @@ log = logging.getLogger(__name__)
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
+    from bulk_recorder.infra.stop_budget import Deadline, stop_budget
     from bulk_recorder.producer.api import create_app
     from consumer.runner import run_async
 
+    class Server(uvicorn.Server):
+        """uvicorn's server, starting the stop budget's clock on the signal."""
+
+        def __init__(self, config: uvicorn.Config, deadline: Deadline) -> None:
+            super().__init__(config)
+            self.deadline = deadline
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            self.deadline.start()
+            super().handle_exit(sig, frame)
+
+    budget = stop_budget("api", settings)
+    log.info("%s", budget.describe())
+    deadline = budget.deadline()
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, stop_deadline=deadline),
         host=settings.api_host,
         port=settings.api_port,
         loop="uvloop",
@@ -40,9 +60,9 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
         log_config=None,  # keep the service's logging set-up
         access_log=False,  # one line a request would cost more than the request; see /metrics
         server_header=False,
-        timeout_graceful_shutdown=int(settings.bulk_recorder_shutdown_timeout_s),
+        timeout_graceful_shutdown=int(budget.step("requests")),
     )
-    server = uvicorn.Server(config)
+    server = Server(config, deadline)
     # Bound here, before uvicorn starts: a taken port is one line naming API_PORT and exit 2
     # (uvicorn would log the OSError and exit 1).
     listener = bind_listener("API_PORT", settings.api_host, settings.api_port)
@@ -81,16 +101,29 @@ def _ignore(signum: int, frame: object) -> None:
     log.debug("signal %d after shutdown ignored", signum)
 
 
+def relay_config(settings: Settings, args: argparse.Namespace) -> RelayConfig:
+    """The relay's batch size, lanes and poll interval: an option wins over its RELAY_* setting;
+    ``ValueError`` for a value RelayConfig refuses."""
+    from bulk_recorder.producer.relay import RelayConfig
+
+    def chosen(option: float | None, setting: float) -> float:
+        return setting if option is None else option
+
+    return RelayConfig(
+        batch_size=int(chosen(args.batch_size, settings.relay_batch_size)),
+        lanes=int(chosen(args.lanes, settings.relay_lanes)),
+        poll_interval_s=chosen(args.poll_interval, settings.relay_poll_interval_s),
+    )
+
+
 def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
-    from bulk_recorder.producer.relay import Relay, RelayConfig
+    from bulk_recorder.producer.relay import Relay
     from consumer.health import HealthServer
     from consumer.runner import run_async, with_stop_signals
     from consumer.topology import Topology, declare_or_mismatch
 
     try:
-        config = RelayConfig(
-            batch_size=args.batch_size, lanes=args.lanes, poll_interval_s=args.poll_interval
-        )
+        config = relay_config(settings, args)
     except ValueError as exc:
         print(f"bulk-recorder relay: {exc}", file=sys.stderr)
         return 2

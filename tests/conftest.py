@@ -320,13 +320,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(
-    args: list[str], env: dict[str, str], timeout: float = 60
+    args: list[str], env: dict[str, str], timeout: float = 60, answer: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``bulk-recorder ARGS`` (as ``python -m consumer.cli``) in a child process, to the end."""
+    """Run ``bulk-recorder ARGS`` (as ``python -m consumer.cli``) in a child process, to the end;
+    ``answer`` is its standard input (a reply to a question)."""
     return subprocess.run(
         [sys.executable, "-m", "consumer.cli", *args],
         cwd=REPO,
         env=env,
+        input=answer,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -151,19 +151,23 @@ async def close_connection(connection: aio_pika.abc.AbstractConnection, within_s
     The stop's last acks (a flushed batch, a release) may still sit in the write queue. A close
     marks the channels closing, and the lean path drops frames of a closing channel, as it must
     when the broker closes it: an ack dropped after a release leaves the message in the queue
-    twice. So the writer is given, within ``within_s``, the time to write them first.
+    twice. So the writer is given the time to write them first; the whole close, writes and
+    close handshake, takes at most ``within_s`` (``TimeoutError`` past it).
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
     transport = getattr(connection, "transport", None)
     if transport is not None and not transport.connection.is_closed:
-        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        written: asyncio.Future[None] = loop.create_future()
         closing = transport.connection.closing  # a connection lost meanwhile writes nothing more
         try:
-            async with asyncio.timeout(within_s):
+            async with asyncio.timeout_at(deadline):
                 await transport.connection.write_queue.put(_WriteMark(written))
                 await asyncio.wait([written, closing], return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
-            log.warning("frames still unwritten after %.0f s; closing anyway", within_s)
-    await asyncio.wait_for(connection.close(), within_s)
+            log.warning("frames still unwritten after %.1f s; closing anyway", within_s)
+    async with asyncio.timeout_at(deadline):
+        await connection.close()
 
 
 # -- batched publishes (the relay, the load generator) -------------------------------------

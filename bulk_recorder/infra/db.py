@@ -14,7 +14,7 @@ from asyncpg.pool import PoolConnectionProxy
 from bulk_recorder.infra import pg_hosts, tracing
 from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.errors import DB_ERRORS
-from bulk_recorder.infra.migrate import MigrationRefused, migrate
+from bulk_recorder.infra.migrate import MigrationEdited, MigrationRefused, migrate
 from bulk_recorder.infra.waits import wait_or_stop
 from bulk_recorder.masking import endpoint
 
@@ -81,6 +81,8 @@ async def open_pool_when_ready(
                 # traced: each statement run inside a recorded span becomes a child span
                 init=tracing.watch_queries if tracing.active() else None,
             )
+        except MigrationEdited:  # retrying cannot help: the schema is not the code's
+            raise
         except MigrationRefused as exc:  # the owner's migrate may be on its way: wait for it
             log.warning("%s; retrying", exc)
         except DB_ERRORS as exc:

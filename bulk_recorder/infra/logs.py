@@ -157,3 +157,22 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
             },
         }
     )
+    quiet_aiormq_connect_errors()
+
+
+class _NotAConnectError(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(AIORMQ_CONNECT_ERROR))
+
+
+AIORMQ_CONNECT_ERROR = "error when creating transport"
+
+
+def quiet_aiormq_connect_errors() -> None:
+    """Drop aiormq's ERROR for every refused connect (``error when creating transport``): the
+    connect raises, and the service logs the outage itself, once per change of state
+    (:class:`bulk_recorder.infra.reconnect.OutageLog`), at its own level. An ERROR a retry
+    would trip every ERROR-level log alert during an outage the service rides out."""
+    aiormq_connection = logging.getLogger("aiormq.connection")
+    if not any(isinstance(f, _NotAConnectError) for f in aiormq_connection.filters):
+        aiormq_connection.addFilter(_NotAConnectError())

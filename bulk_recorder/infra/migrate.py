@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from importlib import resources
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from bulk_recorder.exceptions import BulkRecorderError
+from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
 from bulk_recorder.infra import pg_hosts
 
 log = logging.getLogger(__name__)
@@ -16,6 +17,13 @@ log = logging.getLogger(__name__)
 
 class MigrationRefused(BulkRecorderError):
     """The schema needs a change that the connected role may not make; the message says what."""
+
+
+class MigrationEdited(BulkRecorderError):
+    """A migration applied to this database differs from the package's file of that name:
+    the schema is not what the code expects, and applying more would build on an unknown."""
+
+    exit_code = EXIT_SETTINGS
 
 
 # Any constant works; it only has to be the same for every process that migrates this schema.
@@ -63,6 +71,36 @@ async def create_database_if_missing(dsn: str) -> bool:
         await conn.close()
 
 
+def checksum(sql: str) -> str:
+    """The SHA-256 (hex) of a migration file's text, as recorded in ``schema_migrations``."""
+    return hashlib.sha256(sql.encode("utf-8")).hexdigest()
+
+
+async def _recorded_checksums(conn: asyncpg.Connection) -> dict[str, str | None] | None:
+    """name -> recorded checksum (None: applied before checksums were kept); None when
+    ``schema_migrations`` has no checksum column yet."""
+    has_column = await conn.fetchval(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = 'schema_migrations'::regclass"
+        " AND attname = 'checksum' AND NOT attisdropped"
+    )
+    if not has_column:
+        return None
+    rows = await conn.fetch("SELECT name, checksum FROM schema_migrations")
+    return {r["name"]: r["checksum"] for r in rows}
+
+
+def check_unedited(recorded: dict[str, str | None]) -> None:
+    """Raise :class:`MigrationEdited` naming the first applied file whose text changed."""
+    for name, sql in migration_files():
+        kept = recorded.get(name)
+        if kept is not None and kept != checksum(sql):
+            raise MigrationEdited(
+                f"migration {name} was edited after it was applied to this database (recorded "
+                f"sha256 {kept[:12]}, file {checksum(sql)[:12]}); restore it and put the change "
+                "in a new migration"
+            )
+
+
 async def pending_migrations(conn: asyncpg.Connection) -> list[str] | None:
     """Names of the migrations not applied yet; None when ``schema_migrations`` is missing."""
     if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
@@ -80,7 +118,10 @@ async def apply_migrations(conn: asyncpg.Connection) -> list[str]:
     """
     try:
         if await pending_migrations(conn) == []:
-            return []
+            recorded = await _recorded_checksums(conn)
+            if recorded is not None and None not in recorded.values():
+                check_unedited(recorded)
+                return []
         return await _apply_locked(conn)
     except asyncpg.InsufficientPrivilegeError as exc:
         user = await conn.fetchval("SELECT current_user")
@@ -109,13 +150,26 @@ async def _apply_locked(conn: asyncpg.Connection) -> list[str]:
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
+        # kept since issue 29; a database migrated before has its checksums recorded now
+        await conn.execute("ALTER TABLE schema_migrations ADD COLUMN IF NOT EXISTS checksum text")
+        done = await _recorded_checksums(conn) or {}
+        check_unedited(done)
         for name, sql in migration_files():
+            if name in done and done[name] is None:
+                await conn.execute(
+                    "UPDATE schema_migrations SET checksum = $2 WHERE name = $1",
+                    name,
+                    checksum(sql),
+                )
             if name in done:
                 continue
             async with conn.transaction():
                 await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (name, checksum) VALUES ($1, $2)",
+                    name,
+                    checksum(sql),
+                )
             log.info("applied migration %s", name)
             applied.append(name)
     finally:

@@ -77,17 +77,19 @@ async def keep_connected(
     """
     out = logger or log
     attempt = 0
+    outage = OutageLog(out, what)
     while not stop.is_set():
         connection: Connection | None = None
         try:
             connection = await nodes.connect()
             await session.setup(connection)
+            outage.up(nodes.where)
             attempt = 0
             attempt = await session.hold(connection)
         except fatal:
             raise
         except BROKER_ERRORS as exc:
-            out.warning("%s: broker at %s failed (%r); reconnecting", what, nodes.where, exc)
+            outage.failed(nodes.where, exc)
             out.debug("broker failure", exc_info=True)
         except asyncio.CancelledError:
             if cancel_requested():
@@ -110,3 +112,32 @@ async def keep_connected(
             break
         await wait_or_stop(stop, backoff.delay(attempt))
         attempt += 1
+
+
+class OutageLog:
+    """One line per change of a connection's state: the first failure of an outage is a
+    warning, every retry after it a debug line, and the first connect after it an info line.
+    A broker down for an hour is two lines, not one a retry (aiormq's own ERROR for each
+    refused connect is dropped: :func:`bulk_recorder.infra.logs.quiet_aiormq_connect_errors`)."""
+
+    def __init__(self, logger: logging.Logger, what: str) -> None:
+        self._log = logger
+        self._what = what
+        self._failures = 0
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        if self._failures == 0:
+            self._log.warning("%s: broker at %s failed (%r); reconnecting", self._what, where, exc)
+        else:
+            self._log.debug("%s: broker at %s still down (%r)", self._what, where, exc)
+        self._failures += 1
+
+    def up(self, where: str) -> None:
+        if self._failures:
+            self._log.info(
+                "%s: broker at %s reachable again after %d failed attempts",
+                self._what,
+                where,
+                self._failures,
+            )
+        self._failures = 0

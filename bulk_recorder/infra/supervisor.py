@@ -82,12 +82,21 @@ class Supervisor:
             handle.cancel()
         self._due.clear()
 
-    async def cancel(self, prefix: str = "") -> None:
-        """Cancel the tasks whose name starts with ``prefix`` and wait for their end."""
+    async def cancel(self, prefix: str = "", *, within_s: float | None = None) -> None:
+        """Cancel the tasks whose name starts with ``prefix`` and wait for their end (at most
+        ``within_s``: a shielded step may outlast it, and a stop must not wait past its budget)."""
         tasks = self.tasks(prefix)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=within_s)
+        for task in done:  # retrieved, as gather(return_exceptions=True) would
+            if not task.cancelled():
+                task.exception()
+        if pending:
+            names = ", ".join(sorted(t.get_name() for t in pending))
+            log.warning("still ending after %.1f s, left behind: %s", within_s or 0.0, names)
 
     def _run(self, name: str) -> None:
         starter, _ = self._starters[name]

@@ -62,6 +62,7 @@ from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.errors import DB_ERRORS, renew_if_server_gone
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.reconnect import Session, keep_connected
+from bulk_recorder.infra.stop_budget import CLOSE_OK_S, Deadline, stop_budget
 from bulk_recorder.infra.supervisor import Supervisor
 from bulk_recorder.infra.waits import wait_any, wait_or_stop
 from bulk_recorder.producer.outbox import listen, outbox_stats, record_stats
@@ -117,6 +118,7 @@ class Relay:
         self._failed_rounds = 0  # batches in a row with a nack or a lost confirm
         self._stopping: asyncio.Event | None = None  # run's stop, set on a topology mismatch
         self._mismatch: TopologyMismatch | None = None
+        self.stop_budget = stop_budget("relay", settings)
 
     # -- readiness --------------------------------------------------------------------------
 
@@ -145,44 +147,54 @@ class Relay:
             c.poll_interval_s,
             s.rabbitmq_exchange,
         )
-        halt = self._halt
+        log.info("%s", self.stop_budget.describe())
+        deadline = self.stop_budget.deadline()
         self._stopping = stop
         self.metrics.outbox_last_publish.set_to_current_time()  # "never" reads as "since start"
         try:
             if not await self._connect_database(stop):
                 return
             run = self._tasks = Supervisor(stop)
-            run.start("relay-broker", partial(self._broker_loop, halt))
-            run.start("relay-listen", partial(listen, self.settings.database_url, self.wake, halt))
-            run.start("relay-stats", partial(self._stats_loop, halt))
+            run.start("relay-broker", partial(self._broker_loop, self._halt))
+            run.start("relay-listen", partial(listen, s.database_url, self.wake, self._halt))
+            run.start("relay-stats", partial(self._stats_loop, self._halt))
             for i in range(c.lanes):
                 run.start(f"relay-lane-{i}", partial(self._lane, i, stop))
             await stop.wait()
+            deadline.start()
             log.info("relay stopping: finishing the batches in flight")
             # A lane finishes its batch (confirmed and deleted, or rolled back); bounded.
             lanes = self._tasks.tasks("relay-lane-")
             if lanes:
-                _, pending = await asyncio.wait(lanes, timeout=c.publish_timeout_s + 5)
+                _, pending = await asyncio.wait(lanes, timeout=deadline.left_for("batches"))
                 for task in pending:
                     task.cancel()
         finally:
-            halt.set()
-            self._tasks.close()
-            await self._tasks.cancel("relay-lane-")
-            # The broker loop closes its connection on halt; give it a moment, then cancel.
-            rest = [t for t in self._tasks.tasks() if not t.get_name().startswith("relay-lane-")]
-            _, pending = await asyncio.wait(rest, timeout=15) if rest else (set(), set())
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*rest, return_exceptions=True)
-            if self._pool is not None:
-                try:
-                    await asyncio.wait_for(self._pool.close(), 10)
-                except TimeoutError:
-                    self._pool.terminate()
-            log.info("relay stopped")
+            await self._close(deadline)
         if self._mismatch is not None:
             raise self._mismatch
+
+    async def _close(self, deadline: Deadline) -> None:
+        """End the lanes, then the broker loop (it closes its connection on halt) and the
+        other loops, then the pool: each within what is left of the stop budget."""
+        self._halt.set()
+        self._tasks.close()
+        await self._tasks.cancel("relay-lane-", within_s=deadline.left(CLOSE_OK_S))
+        rest = [t for t in self._tasks.tasks() if not t.get_name().startswith("relay-lane-")]
+        # the connection's close, once cancelled, may take CLOSE_OK_S more
+        _, pending = (
+            await asyncio.wait(rest, timeout=deadline.left(CLOSE_OK_S)) if rest else ((), ())
+        )
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=deadline.left())
+        if self._pool is not None:
+            try:
+                await asyncio.wait_for(self._pool.close(), deadline.left())
+            except TimeoutError:
+                self._pool.terminate()
+        log.info("relay stopped in %.1f s", deadline.elapsed())
 
     async def _connect_database(self, stop: asyncio.Event) -> bool:
         self._pool = await open_pool_when_ready(

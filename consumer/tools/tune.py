@@ -162,9 +162,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     tune.add_argument(
         "--selector",
         default='job="recorder"',
-        help='the recorders\' series on the Prometheus server (default: job="recorder")',
+        help="the recorders' series on the Prometheus server",
     )
-    tune.add_argument("--window", default="7d", help="Prometheus range to measure over (7d)")
+    tune.add_argument("--window", default="7d", help="Prometheus range to measure over")
     tune.add_argument(
         "--consumer-timeout",
         type=_seconds,

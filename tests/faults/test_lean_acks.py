@@ -22,6 +22,7 @@ import pytest
 from bulk_recorder.infra.aiormq_internals import close_connection
 from bulk_recorder.infra.broker import BrokerNodes
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.infra.stop_budget import StopBudget
 from consumer.consuming import Consuming as RecorderConsuming
 from consumer.delivery import AmqpDelivery, DeadLetterer, ack_each
 from consumer.topology import Topology
@@ -189,7 +190,7 @@ async def test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue(
         unused = DeadLetterer.__new__(DeadLetterer)  # never called: nothing is dead-lettered
         assert await ack_each([AmqpDelivery(channel, m, unused) for m in delivered]) == count
         consuming.connection, consuming.channel = connection, channel
-        await consuming.close()
+        await consuming.close(StopBudget("consume", (("close", 30.0),)).deadline())
     finally:
         await connection.close()
     left = await _back_in_the_queue(services.rabbitmq_url, queue)

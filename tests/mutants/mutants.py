@@ -362,8 +362,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="migrate-takes-the-lock-and-ddl-when-up-to-date",
         path="bulk_recorder/infra/migrate.py",
-        old="        if await pending_migrations(conn) == []:\n            return []\n",
-        new="",
+        old="                check_unedited(recorded)\n                return []\n",
+        new="                check_unedited(recorded)\n",
         promise=LEAST_PRIVILEGE,
         tests=(T_ROLES + "test_roles_are_refused_ddl_and_other_writes_and_migrate_needs_none",),
         fast=True,
@@ -594,7 +594,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="shutdown-closes-with-copies-under-way",
         path="consumer/app.py",
-        old="        await self._finish_copies()\n",
+        old="        await self._finish_copies(deadline)\n",
         new="",
         promise=SHUTDOWN,
         tests=(
@@ -606,8 +606,9 @@ MUTANTS: tuple[Mutant, ...] = (
         name="close-before-the-broker-applies-the-last-acks",
         path="consumer/consuming.py",
         old="        if channel is not None and not channel.is_closed:\n"
-        "            with broker_failures_suppressed():",
-        new="        if False:\n            with broker_failures_suppressed():",
+        "            with broker_failures_suppressed(), contextlib.suppress(TimeoutError):",
+        new="        if False:\n"
+        "            with broker_failures_suppressed(), contextlib.suppress(TimeoutError):",
         promise=SHUTDOWN,
         tests=(
             "tests/faults/test_lean_acks.py::"
@@ -1341,6 +1342,127 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/integration/test_delivery_limit.py::"
             "test_a_refused_row_is_dead_lettered_with_its_reason_on_the_brokers_last_delivery",
+        ),
+        fast=True,
+    ),
+    # issue 29 (shutdown): one stop budget per role; the steps after the first take what is left
+    Mutant(
+        name="stop-budget-copies-past-their-confirm",
+        path="bulk_recorder/infra/stop_budget.py",
+        old="        copies = min(settings.bulk_recorder_confirm_timeout_s, FINAL_COPIES_S)\n",
+        new="        copies = max(settings.bulk_recorder_confirm_timeout_s, FINAL_COPIES_S)\n",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/unit/test_stop_budget.py::test_the_recorder_budget_is_flush_then_copies_then_close",
+            "tests/ops/test_kubernetes.py::test_the_grace_period_follows_from_the_stop_budget",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="stop-basic-cancel-unbounded",
+        path="consumer/app.py",
+        old='            async with asyncio.timeout(deadline.left_for("flush")):\n',
+        new="            async with asyncio.timeout(None):\n",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_stop_budget.py::"
+            "test_recorder_stops_within_its_budget_with_broker_and_database_held",
+        ),
+    ),
+    Mutant(
+        name="relay-stop-lanes-own-bound",
+        path="bulk_recorder/producer/relay.py",
+        old='timeout=deadline.left_for("batches"))',
+        new="timeout=c.publish_timeout_s + 5)",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_stop_budget.py::"
+            "test_relay_stops_within_its_budget_with_broker_and_database_held",
+        ),
+    ),
+    Mutant(
+        name="api-stop-pool-own-bound",
+        path="bulk_recorder/producer/api/app.py",
+        old="                    await asyncio.wait_for(pool.close(), deadline.left())\n",
+        new="                    await asyncio.wait_for(pool.close(), 10)\n",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/faults/test_stop_budget.py::"
+            "test_api_stops_within_its_budget_with_the_database_held",
+        ),
+    ),
+    Mutant(
+        name="otel-grpc-protocol-ignored",
+        path="bulk_recorder/otel_settings.py",
+        old="        if value != PROTOCOL:\n",
+        new="        if False:\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/unit/test_otel_settings.py::test_what_the_sdk_here_cannot_do_is_refused_by_name",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="aiormq-connect-errors-logged",
+        path="bulk_recorder/infra/logs.py",
+        old="    quiet_aiormq_connect_errors()\n",
+        new="    pass\n",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/faults/test_outage_log_lines.py::test_a_refused_broker_is_one_warning_per_connection_and_no_error",
+        ),
+    ),
+    Mutant(
+        name="outage-warning-every-retry",
+        path="bulk_recorder/infra/reconnect.py",
+        old="        if self._failures == 0:\n",
+        new="        if True:\n",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/faults/test_outage_log_lines.py::test_a_refused_broker_is_one_warning_per_connection_and_no_error",
+        ),
+    ),
+    Mutant(
+        name="edited-migration-accepted",
+        path="bulk_recorder/infra/migrate.py",
+        old="        if kept is not None and kept != checksum(sql):\n",
+        new="        if False:\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/integration/test_migration_checksums.py::"
+            "test_an_edited_applied_migration_is_refused_naming_the_file",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="load-commands-reach-remote-hosts",
+        path="consumer/tools/local_only.py",
+        old="        if host and not _loopback(host):",
+        new="        if False:",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/integration/test_cli_polish.py::"
+            "test_the_load_commands_refuse_a_remote_broker_unless_allowed",
+        ),
+    ),
+    Mutant(
+        name="help-without-defaults",
+        path="consumer/cli.py",
+        old='        return text + " (default: %(default)s)"\n',
+        new="        return text\n",
+        promise=BAD_SETTINGS,
+        tests=("tests/unit/test_cli_help.py::test_every_option_has_help_and_shows_its_default",),
+        fast=True,
+    ),
+    Mutant(
+        name="relay-settings-ignored",
+        path="consumer/producer.py",
+        old="        return setting if option is None else option\n",
+        new="        return 1 if option is None else option\n",
+        promise=BAD_SETTINGS,
+        tests=(
+            "tests/unit/test_relay_settings.py::"
+            "test_the_relay_settings_are_its_defaults_and_an_option_wins",
         ),
         fast=True,
     ),

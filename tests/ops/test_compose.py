@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from bulk_recorder.infra.stop_budget import GRACE_MARGIN_S, stop_budget
+from settings import Settings
 from tests.ops.conftest import COMPOSE, GRAFANA_DIR, PROMETHEUS_DIR, REPO, load_yaml, run_tool
 
 ENV_EXAMPLE = REPO / ".env.example"
@@ -127,3 +129,24 @@ def test_grafana_provisions_the_dashboard_and_the_prometheus_service() -> None:
     url = urlsplit(source["url"])
     assert (url.hostname, url.port) == ("prometheus", 9090), source["url"]
     assert any(p.endswith(":9090") for p in services["prometheus"]["ports"])
+
+
+def test_the_stop_grace_period_follows_from_the_stop_budget() -> None:
+    """Each role's stop_grace_period is its stop budget, from the environment compose gives it,
+    plus the margin: never shorter (a SIGKILLed stop), at most 5 s longer."""
+    services = _compose()["services"]
+    for service, role in (("recorder", "consume"), ("relay", "relay"), ("api", "api")):
+        env = services[service].get("environment", {})
+        values = {
+            name.lower(): value
+            for name, value in env.items()
+            if name.lower() in Settings.model_fields and "${" not in str(value)
+        }
+        budget = stop_budget(role, Settings.model_validate(values))  # type: ignore[arg-type]
+        grace = services[service]["stop_grace_period"]
+        assert grace.endswith("s"), grace
+        needed = budget.grace_period_s()
+        assert needed <= int(grace[:-1]) <= needed + 5, (
+            f"{service}: stopped by SIGKILL {grace} after SIGTERM; {budget.describe()} + margin"
+            f" {GRACE_MARGIN_S:g} s = {needed} s"
+        )

@@ -34,6 +34,7 @@ from kubernetes_validate.utils import SchemaNotFoundError
 from prometheus_client import CollectorRegistry
 
 import bulk_recorder
+from bulk_recorder.infra.stop_budget import GRACE_MARGIN_S, Role, stop_budget
 from consumer.cli import build_parser
 from consumer.health import HealthServer
 from settings import DEFAULT_METRICS_PORTS, SECRET_FILE_SETTINGS, Settings
@@ -47,6 +48,7 @@ SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 CUSTOM_KINDS = {"PodMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication"}
 # Workload name -> the bulk-recorder command it runs.
 COMMANDS = {"recorder": "consume", "relay": "relay", "api": "api", "migrate": "migrate"}
+ROLES: dict[str, Role] = {"consume": "consume", "relay": "relay", "api": "api"}
 # Workload -> the Secret keys it may read, by the setting they feed.
 SECRET_KEYS = {
     "recorder": {"DATABASE_URL": "database-url-recorder", "RABBITMQ_URL": "rabbitmq-url"},
@@ -362,9 +364,11 @@ async def test_the_probe_paths_are_served_by_each_role(
     assert paths["api"] | {"/metrics"} <= routes, (paths["api"], sorted(r for r in routes if r))
 
 
-def test_the_grace_period_covers_the_shutdown_timeout(
+def test_the_grace_period_follows_from_the_stop_budget(
     renders: dict[str, list[dict[str, Any]]],
 ) -> None:
+    """Each pod's grace is its role's stop budget (from the settings the pod gets) plus the
+    margin, after its preStop wait: never shorter (a SIGKILLed stop), at most 5 s longer."""
     for name, objects in renders.items():
         for workload, deployment in _of_kind(objects, "Deployment").items():
             pod = deployment["spec"]["template"]["spec"]
@@ -375,10 +379,12 @@ def test_the_grace_period_covers_the_shutdown_timeout(
                 command = container["lifecycle"]["preStop"]["exec"]["command"]
                 assert command[0] == "sleep", command
                 pre_stop = float(command[1])
-            needed = pre_stop + settings.bulk_recorder_shutdown_timeout_s
+            budget = stop_budget(ROLES[COMMANDS[workload]], settings)
+            needed = budget.grace_period_s(pre_stop)
             grace = pod["terminationGracePeriodSeconds"]
-            assert grace >= needed + 5, (
-                f"{name}: {workload} is killed {grace} s after SIGTERM; it may need {needed} s"
+            assert needed <= grace <= needed + 5, (
+                f"{name}: {workload} is killed {grace} s after SIGTERM; preStop {pre_stop:g} s +"
+                f" {budget.describe()} + margin {GRACE_MARGIN_S:g} s = {needed} s"
             )
 
 

@@ -24,12 +24,37 @@ from fastapi.staticfiles import StaticFiles
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ASSETS_URL", "DOCS_URL", "REDOC_URL", "serve_docs_offline"]
+__all__ = ["API_DESCRIPTION", "ASSETS_URL", "DOCS_URL", "REDOC_URL", "serve_docs_offline"]
 
 DOCS_URL: Final = "/docs"
 REDOC_URL: Final = "/redoc"
 ASSETS_URL: Final = "/docs-assets"
 OAUTH2_REDIRECT_URL: Final = "/docs/oauth2-redirect"
+
+# The document's info.description: for the API's users, in Markdown (what /docs renders).
+API_DESCRIPTION: Final = """\
+Send ledger records to bulk-recorder over HTTP: transactions one at a time, credit annotations
+in jobs of many lines. Every accepted record is recorded exactly once, however often it is sent.
+
+**Authentication.** Every `/v1` call needs an API key in `Authorization: Bearer <key>`, with
+the scope of the route (`transactions:write`, `jobs:write`, `jobs:read`). A missing or unknown
+key is 401, a key without the scope 403. A client sees only its own jobs.
+
+**Sending a transaction.** `POST /v1/transactions` with one transaction as JSON. The answer is
+202 (accepted: it is stored and will be recorded) or, on a deployment that records at once,
+201 (recorded). Sending the same `id`, or the same `Idempotency-Key`, again is answered with
+the first outcome, never a second record: retry freely after a timeout or a 503.
+
+**Sending a job.** `POST /v1/credit-annotation-jobs` with a JSON array, NDJSON or CSV body
+(by `Content-Type`). Valid lines are accepted together; invalid ones are listed in the answer
+with their line numbers and reasons. Follow the job with
+`GET /v1/credit-annotation-jobs/{job_id}` until every line is recorded.
+
+**Errors.** Every error is `application/problem+json` with a precise `detail`. 4xx: fix the
+request before sending it again. 503 (the database is unreachable) comes with `Retry-After`:
+send the same request again after it. The request and answer schemas below state every rule
+the API checks.
+"""
 
 
 def _assets_dir() -> str:

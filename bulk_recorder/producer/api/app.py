@@ -41,7 +41,8 @@ from fastapi import FastAPI
 from bulk_recorder.infra import tracing
 from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
-from bulk_recorder.producer.api.api_docs import serve_docs_offline
+from bulk_recorder.infra.stop_budget import Deadline, stop_budget
+from bulk_recorder.producer.api.api_docs import API_DESCRIPTION, serve_docs_offline
 from bulk_recorder.producer.api.asgi import ASGIApp, Receive, Scope, Send, StatusSeen
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
@@ -110,9 +111,13 @@ def create_app(
     metrics: Metrics | None = None,
     max_job_lines: int = DEFAULT_MAX_JOB_LINES,
     pool_max_size: int = 10,
+    stop_deadline: Deadline | None = None,
 ) -> FastAPI:
-    """Build the ASGI app. The lifespan migrates the schema and opens the connection pool."""
+    """Build the ASGI app. The lifespan migrates the schema and opens the connection pool; at
+    the end it closes them within what is left of ``stop_deadline`` (the server starts it on
+    the signal; unstarted, it starts when the lifespan ends)."""
     ctx = ApiContext(settings, metrics or Metrics(role="api"), max_job_lines, pool_max_size)
+    deadline = stop_deadline or stop_budget("api", settings).deadline()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -128,18 +133,20 @@ def create_app(
             yield
         finally:
             stop.set()
-            await asyncio.gather(opening, return_exceptions=True)
+            await asyncio.wait([opening], timeout=deadline.left())  # a connect under way
+            opening.cancel()
             pool, ctx.pool = ctx.pool, None
             if pool is not None:
                 try:
-                    await asyncio.wait_for(pool.close(), 10)
+                    await asyncio.wait_for(pool.close(), deadline.left())
                 except TimeoutError:
                     pool.terminate()
+            log.info("API stopped in %.1f s", deadline.elapsed())
 
     app = _Api(
         title="bulk-recorder ingest API",
         version=API_VERSION,
-        description=__doc__,
+        description=API_DESCRIPTION,
         lifespan=lifespan,
         docs_url=None,  # /docs and /redoc come from serve_docs_offline: no CDN
         redoc_url=None,

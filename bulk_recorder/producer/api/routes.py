@@ -86,13 +86,19 @@ JOB_LINKS: Final = {
 def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
     """``/healthz``, ``/readyz`` and ``/metrics``."""
 
-    @app.get("/healthz", response_class=PlainTextResponse, tags=["operations"])
+    @app.get(
+        "/healthz",
+        response_class=PlainTextResponse,
+        tags=["operations"],
+        operation_id="getLiveness",
+    )
     async def healthz() -> str:
         """The process is alive."""
         return "ok\n"
 
     @app.get(
         "/readyz",
+        operation_id="getReadiness",
         response_class=PlainTextResponse,
         tags=["operations"],
         responses={
@@ -112,7 +118,9 @@ def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
             return PlainTextResponse("database down\n", status_code=503)
         return PlainTextResponse("database up\n")
 
-    @app.get("/metrics", response_class=PlainTextResponse, tags=["operations"])
+    @app.get(
+        "/metrics", response_class=PlainTextResponse, tags=["operations"], operation_id="getMetrics"
+    )
     async def metrics_endpoint(request: Request) -> Response:
         """Prometheus metrics; outbox backlog and oldest age are read at scrape time."""
         try:
@@ -134,6 +142,7 @@ def add_transaction_routes(app: FastAPI, ctx: ApiContext) -> None:
 
     @app.post(
         "/v1/transactions",
+        operation_id="createTransaction",
         tags=["transactions"],
         status_code=202,
         response_model=TransactionAccepted,
@@ -170,6 +179,7 @@ def add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
 
     @app.post(
         "/v1/credit-annotation-jobs",
+        operation_id="createCreditAnnotationJob",
         tags=["credit annotation jobs"],
         status_code=202,
         response_model=JobAccepted,
@@ -201,6 +211,7 @@ def add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
 
     @app.get(
         "/v1/credit-annotation-jobs/{job_id}",
+        operation_id="getCreditAnnotationJob",
         tags=["credit annotation jobs"],
         response_model=JobStatus,
         responses={

@@ -1447,7 +1447,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="help-without-defaults",
-        path="consumer/cli.py",
+        path="consumer/arguments.py",
         old='        return text + " (default: %(default)s)"\n',
         new="        return text\n",
         promise=BAD_SETTINGS,

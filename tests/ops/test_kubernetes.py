@@ -11,7 +11,13 @@ Standard; every environment variable is a setting (or a ``*_FILE`` twin) with a 
 ports and probe paths are the ones settings.py and the health servers give each role; the URLs
 come as files from one Secret, each role reading only its own login; the grace period covers the
 shutdown timeout; the monitor scrapes each role under the job name the alert rules use; KEDA
-scales the recorder on its queue. What is not: applying them to a cluster, pulling the image.
+scales the recorder on its queue (RABBITMQ_QUEUE, followed on an edited copy), owns its count
+(no ``replicas``) and scales down through the HPA behavior, with a fallback; the migrate Job is
+named after its image tag (an edited copy with another tag gets another name) and bounded;
+each role has its own ServiceAccount without a token and a NetworkPolicy letting it reach only
+its broker, database and DNS, and only the scraper reach its metrics port; the recorder's memory
+limit covers its channel prefetch of the largest bodies accepted. What is not: applying them to
+a cluster (so no CNI enforces the policies here), pulling the image.
 """
 
 from __future__ import annotations

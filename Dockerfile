@@ -2,7 +2,11 @@
 # Multi-stage: build a virtualenv with the project, copy only the venv into a slim runtime
 # image that runs as a non-root user.
 
-FROM python:3.11-slim AS build
+# The base, in this one place, by its full patch tag (both stages start from it). `make
+# test-image` builds its stand-in under this same name (tests/image/base.sh reads it here).
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
@@ -16,7 +20,15 @@ COPY bulk_recorder ./bulk_recorder
 COPY consumer ./consumer
 RUN pip install --no-deps . && python -m compileall -q /opt/venv
 
-FROM python:3.11-slim AS runtime
+FROM ${PYTHON_IMAGE} AS runtime
+ARG PYTHON_IMAGE
+# bulk_recorder.__version__: tests/image/run.sh passes it (--build-arg VERSION=...), and
+# tests/ops/test_image_labels.py keeps this default equal to it for a plain `docker build`.
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="bulk-recorder" \
+      org.opencontainers.image.description="Moves high-volume records from RabbitMQ into PostgreSQL in bulk: acked after commit, nothing lost, nothing doubled." \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 RUN groupadd --system --gid 10001 recorder \
  && useradd --system --uid 10001 --gid recorder --no-create-home --shell /usr/sbin/nologin recorder
 COPY --from=build /opt/venv /opt/venv
@@ -25,10 +37,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     LOG_FORMAT=json \
     API_HOST=0.0.0.0 \
-    METRICS_HOST=0.0.0.0 \
-    METRICS_PORT=9464
+    METRICS_HOST=0.0.0.0
 USER 10001:10001
-EXPOSE 9464 8080
+# No METRICS_PORT here: each role listens on its own default (docs/settings.md), as outside a
+# container: consume 9464, relay 9465, api 8080 (API_PORT, /metrics included).
+EXPOSE 9464 9465 8080
 STOPSIGNAL SIGTERM
 # One check for every role: `bulk-recorder healthcheck` finds the role this container runs
 # (consume, relay or api) and asks its own /healthz, on the port that role's settings give.

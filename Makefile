@@ -61,8 +61,9 @@ test: system-tools node-clients lint
 
 # The image, built from the Dockerfile and run with podman (tests/image, skipped by plain pytest):
 # installs podman, runc and debootstrap if missing, builds the stand-in base image once (no
-# registry here: Debian 12 with its Python 3.11, tagged python:3.11-slim), builds the image and
-# runs every role from it against the local services.
+# registry here: Debian 12 with its Python 3.11, tagged as the Dockerfile's ARG PYTHON_IMAGE),
+# builds the image (VERSION from bulk_recorder.__version__) and runs every role from it against
+# the local services.
 test-image: $(STAMP)
 	@bash tests/image/run.sh
 

@@ -15,7 +15,7 @@ The recorder's lean path writes past aiormq's public API in two places, and only
   ``confirmations`` map under the channel's ``delivery_tag`` sequence, as aiormq's
   basic_publish does one by one.
 
-aiormq and pamqp are held to a minor version in pyproject.toml for these reasons. The layout
+aiormq and pamqp are pinned to exact versions in pyproject.toml for these reasons. The layout
 test (tests/unit/test_layout.py) fails if another module names these private attributes.
 """
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import subprocess
 import threading
 import time
@@ -29,6 +28,7 @@ from tests.image import podman
 ENABLED = os.environ.get("TEST_COMPOSE", "") not in ("", "0")
 COMPOSE = os.environ.get("PODMAN_COMPOSE", "podman-compose")
 OVERRIDE = Path(__file__).with_name("standins.yml")
+SECRETS_SCRIPT = REPO / "deploy" / "compose" / "secrets.sh"
 # The services run here: every one of docker-compose.yml but Grafana (no Debian package).
 # `migrate` is one-shot: it runs to exit 0 before the recorder, relay and API start.
 SERVICES = ("rabbitmq", "postgres", "migrate", "recorder", "relay", "api", "prometheus")
@@ -154,16 +154,13 @@ def pipeline(
     failed_before = request.session.testsfailed
     where = tmp_path_factory.mktemp("compose")
     ports = {name: podman.fresh_port() for name in ("rabbitmq", "postgres", "api", "prometheus")}
-    env = {
-        "POSTGRES_PASSWORD": "pg" + secrets.token_hex(12),
-        "RABBITMQ_PASSWORD": "mq" + secrets.token_hex(12),
-        "RECORDER_DB_PASSWORD": "rec" + secrets.token_hex(12),
-        "RELAY_DB_PASSWORD": "rel" + secrets.token_hex(12),
-        "API_DB_PASSWORD": "api" + secrets.token_hex(12),
-        "GRAFANA_ADMIN_PASSWORD": "not-run-" + secrets.token_hex(4),
-    }
+    # The passwords as docker-compose.yml reads them: files written by its own script, here in
+    # the test's directory (never the developer's ./secrets/).
+    secret_dir = where / "secrets"
+    subprocess.run(["sh", str(SECRETS_SCRIPT), str(secret_dir)], check=True, capture_output=True)
     env_file = where / ".env"
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    env_file.write_text(f"BULK_RECORDER_SECRETS={secret_dir}\n")
+    env = {"POSTGRES_PASSWORD": (secret_dir / "postgres-password").read_text().strip()}
     override = where / "standins.yml"
     override.write_text(_render(ports))
     project = f"brtest{uuid.uuid4().hex[:8]}"

@@ -17,8 +17,9 @@ if [[ ! -x $tools/bin/podman-compose ]]; then
   python3 -m venv "$tools"
   "$tools/bin/pip" install --quiet podman-compose==1.6.0
 fi
+base=docker.io/library/$(sed -n 's/^ARG PYTHON_IMAGE=//p' Dockerfile)
 for standin in rabbitmq postgres prometheus; do
-  podman build --quiet --pull=never --format docker --network host \
+  podman build --quiet --pull=never --format docker --network host --build-arg "BASE=$base" \
     --tag "localhost/bulk-recorder-standin-$standin:test" "tests/compose/standins/$standin" \
     >/dev/null
 done

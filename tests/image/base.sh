@@ -3,10 +3,13 @@
 # registry is reachable: Debian 12 (bookworm) minbase with its Python 3.11 (python3, the venv
 # module, `python` as a name for python3, the CA certificates), tagged as the name the Dockerfile
 # starts from, so that the Dockerfile is built unchanged. Skipped when that image exists already.
-# Usage: base.sh [IMAGE]   (default python:3.11-slim; podman's name for it is
-#                            docker.io/library/python:3.11-slim)
+# Usage: base.sh [IMAGE]   (default: the Dockerfile's ARG PYTHON_IMAGE, e.g.
+#                            python:3.11.13-slim-bookworm, under podman's name for it,
+#                            docker.io/library/python:3.11.13-slim-bookworm)
 set -euo pipefail
-image=${1:-docker.io/library/python:3.11-slim}
+default=$(sed -n 's/^ARG PYTHON_IMAGE=//p' "$(dirname "$0")/../../Dockerfile")
+[[ -n $default ]] || { echo "base.sh: no ARG PYTHON_IMAGE=... in the Dockerfile" >&2; exit 1; }
+image=${1:-docker.io/library/$default}
 if podman image exists "$image"; then
   echo "stand-in base $image: already built"
   exit 0

@@ -16,8 +16,9 @@ ca=/etc/ssl/certs/ca-certificates.crt
 mounts=()
 [[ -r $ca ]] && mounts=(--volume "$ca:$ca:ro")
 started=$(date +%s%N)
+version=$(.venv/bin/python -c 'import bulk_recorder; print(bulk_recorder.__version__)')
 if ! podman build --quiet --pull=never --format docker --network host "${mounts[@]}" \
-  --tag "$image" . >/tmp/bulk-recorder-image-build.$$.log 2>&1; then
+  --build-arg "VERSION=$version" --tag "$image" . >/tmp/bulk-recorder-image-build.$$.log 2>&1; then
   tail -n 40 /tmp/bulk-recorder-image-build.$$.log >&2
   rm -f /tmp/bulk-recorder-image-build.$$.log
   exit 1

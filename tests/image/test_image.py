@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+import bulk_recorder
 from consumer.tools.generator import Generator
 from settings import Settings
 from tests.conftest import REPO, SettingsFactory, wait_for
@@ -282,3 +283,11 @@ def test_the_machines_ca_bundle_used_by_the_build_is_in_no_layer(image: str) -> 
         "run", "--rm", "--network=none", "--entrypoint=cat", image, str(host), check=False
     )
     assert done.stdout.encode() != host.read_bytes()
+
+
+def test_the_image_is_labelled_with_the_projects_version(image: str) -> None:
+    """The OCI labels of the Dockerfile, with the version run.sh passes (--build-arg VERSION)."""
+    config = json.loads(podman.podman("image", "inspect", image).stdout)[0]
+    labels = config.get("Labels") or config.get("Config", {}).get("Labels") or {}
+    assert labels.get("org.opencontainers.image.version") == bulk_recorder.__version__, labels
+    assert labels.get("org.opencontainers.image.title") == "bulk-recorder", labels

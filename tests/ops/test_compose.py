@@ -4,7 +4,10 @@ What is checked: the file against the Compose schema and its variable interpolat
 Debian's ``docker-compose`` (1.29, which predates the top-level ``name`` key, so that one key is
 left out of the copy it reads); every bind-mounted path exists; Prometheus scrapes each service
 on the port that service is told to listen on; Grafana's provisioning points at the mounted
-dashboards and at the Prometheus service. What is not: pulling the images and starting them.
+dashboards and at the Prometheus service; no password is in an environment variable, every
+``*_FILE`` names a secret the service mounts, and deploy/compose/secrets.sh writes them all, in
+agreement with each other; every container has limits, and the recorder's memory covers what
+it may hold. What is not: pulling the images and starting them (``make test-compose`` does).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,8 +26,15 @@ import yaml
 from bulk_recorder.infra.stop_budget import GRACE_MARGIN_S, stop_budget
 from settings import Settings
 from tests.ops.conftest import COMPOSE, GRAFANA_DIR, PROMETHEUS_DIR, REPO, load_yaml, run_tool
+from tests.ops.test_kubernetes import RECORDER_BASELINE_BYTES
 
 ENV_EXAMPLE = REPO / ".env.example"
+SECRETS_SCRIPT = REPO / "deploy" / "compose" / "secrets.sh"
+INITDB = REPO / "deploy" / "postgres" / "initdb" / "10-service-logins.sh"
+SECRETS_DIR = "/run/secrets/"
+# Variables that may hold a password, a token, or a URL with one in it.
+SECRET_LIKE = re.compile(r"PASS|SECRET|TOKEN|_URL$|_KEY$")
+COMPOSE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 INSTALL_HINT = "apt-get install -y docker-compose (Debian's; .ci/run does it when missing)"
 
 
@@ -61,11 +72,11 @@ def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
     argv = [tool, "--project-directory", str(REPO), "--env-file", str(empty_env_file)]
     done = run_tool(*argv, "-f", str(copy), "config", "-q", env=env)
     assert done.ok, done.output
-    # And it refuses to start without the passwords .env.example asks for.
-    bare = {k: v for k, v in env.items() if k not in _required_variables()}
-    refused = run_tool(*argv, "-f", str(copy), "config", "-q", env=bare)
-    assert not refused.ok, refused.output
-    assert "in .env" in refused.output, refused.output
+    if _required_variables():  # and it refuses to start without what .env.example asks for
+        bare = {k: v for k, v in env.items() if k not in _required_variables()}
+        refused = run_tool(*argv, "-f", str(copy), "config", "-q", env=bare)
+        assert not refused.ok, refused.output
+        assert "in .env" in refused.output, refused.output
 
 
 def test_every_required_variable_is_in_env_example() -> None:
@@ -150,3 +161,125 @@ def test_the_stop_grace_period_follows_from_the_stop_budget() -> None:
             f"{service}: stopped by SIGKILL {grace} after SIGTERM; {budget.describe()} + margin"
             f" {GRACE_MARGIN_S:g} s = {needed} s"
         )
+
+
+def _secret_targets(service: dict[str, Any]) -> dict[str, str]:
+    """Where each secret the service mounts appears in it -> the secret's name."""
+    found = {}
+    for secret in service.get("secrets", []):
+        name = secret if isinstance(secret, str) else secret["source"]
+        target = name if isinstance(secret, str) else secret.get("target", name)
+        found[target if target.startswith("/") else SECRETS_DIR + target] = name
+    return found
+
+
+def _written_secrets(tmp_path: Path) -> Path:
+    directory = tmp_path / "secrets"
+    subprocess.run(["sh", str(SECRETS_SCRIPT), str(directory)], check=True, capture_output=True)
+    return directory
+
+
+def _default(value: object) -> str:
+    """A compose value with its ${VAR:-default} interpolations resolved to the defaults."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+
+
+def test_no_password_is_in_an_environment_variable() -> None:
+    """`docker inspect` and every child process see the environment: passwords are files."""
+    leaks = []
+    for name, service in _compose()["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if key.endswith("_FILE"):
+                continue
+            text = str(value)
+            with_password = re.search(r"://[^/@\s]*:[^@\s]*@", text)
+            from_password = re.search(r"\$\{\w*(PASS|SECRET)\w*", text)
+            if SECRET_LIKE.search(key) or with_password or from_password:
+                leaks.append(f"{name}: {key}={text}")
+    assert leaks == []
+
+
+def test_every_file_variable_names_a_secret_its_service_mounts(tmp_path: Path) -> None:
+    compose = _compose()
+    declared = compose["secrets"]
+    used = set()
+    for name, service in compose["services"].items():
+        mounted = _secret_targets(service)
+        assert set(mounted.values()) <= set(declared), (name, sorted(mounted.values()))
+        used |= set(mounted.values())
+        for key, value in (service.get("environment") or {}).items():
+            if key.endswith("_FILE"):
+                assert value in mounted, f"{name}: {key}={value} is not a secret it mounts"
+    assert used == set(declared), "a secret no service mounts"
+    # The script writes every file the compose file reads, where it reads them by default.
+    written = _written_secrets(tmp_path)
+    for name, secret in declared.items():
+        file = _default(secret["file"])
+        assert file.startswith("./secrets/"), (name, file)
+        assert (written / file.removeprefix("./secrets/")).is_file(), f"{name}: not written"
+    # Each role reads only its own login.
+    own = {"recorder": "database-url-recorder", "relay": "database-url-relay"}
+    own |= {"api": "database-url-api", "migrate": "database-url-owner"}
+    for role, secret in own.items():
+        mounted = _secret_targets(compose["services"][role])
+        assert mounted[SECRETS_DIR + "database-url"] == secret, (role, mounted)
+        assert not {s for s in mounted.values() if s.startswith("database-url")} - {secret}
+
+
+def test_the_secrets_agree_with_each_other_and_the_settings(tmp_path: Path) -> None:
+    written = _written_secrets(tmp_path)
+    read = {path.name: path.read_text().strip() for path in written.iterdir()}
+    assert (written.stat().st_mode & 0o777) == 0o700, "the directory is its owner's only"
+    urls = {name: value for name, value in read.items() if name.endswith("-url") or "-url-" in name}
+    for name, url in urls.items():
+        setting = "rabbitmq_url" if name.startswith("rabbitmq") else "database_url"
+        Settings.model_validate({setting: url})
+    password = {name: re.sub(r"^\w+://[^:]+:([^@]*)@.*", r"\1", url) for name, url in urls.items()}
+    assert password["database-url-owner"] == read["postgres-password"]
+    conf = dict(line.split(" = ", 1) for line in read["rabbitmq-user.conf"].splitlines())
+    assert password["rabbitmq-url"] == conf["default_pass"]
+    assert urls["rabbitmq-url"].startswith(f"amqp://{conf['default_user']}:")
+    assert len(set(password.values())) == len(password), "one password per login"
+    # deploy/postgres/initdb gives each login the password of the URL its service reads.
+    (function,) = [line for line in INITDB.read_text().splitlines() if "password_of()" in line]
+    for role in ("recorder", "relay", "api"):
+        script = function.replace(SECRETS_DIR, f"{written}/") + f"\npassword_of {role}\n"
+        done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == password[f"database-url-{role}"], role
+    # Run again, it keeps what is there (a running database keeps its passwords).
+    _written_secrets(tmp_path)
+    assert {path.name: path.read_text().strip() for path in written.iterdir()} == read
+
+
+def _memory(quantity: str) -> int:
+    unit = quantity[-1].upper()
+    return int(quantity[:-1]) * COMPOSE_UNITS[unit] if unit in COMPOSE_UNITS else int(quantity)
+
+
+def test_every_container_has_limits_and_the_recorders_memory_covers_what_it_may_hold() -> None:
+    services = _compose()["services"]
+    for name, service in services.items():
+        limits = service.get("deploy", {}).get("resources", {}).get("limits", {})
+        assert {"cpus", "memory"} <= set(limits), f"{name} has no cpu and memory limits"
+    recorder = services["recorder"]
+    env = {k.lower(): _default(v) for k, v in recorder["environment"].items()}
+    settings = Settings.model_validate({k: v for k, v in env.items() if k in Settings.model_fields})
+    needed = settings.channel_prefetch * settings.bulk_recorder_max_message_bytes
+    needed += RECORDER_BASELINE_BYTES
+    limit = _memory(recorder["deploy"]["resources"]["limits"]["memory"])
+    assert limit >= needed, f"the recorder's {limit / 2**20:.0f} MiB < {needed / 2**20:.0f} MiB"
+
+
+def test_where_the_alerts_go_is_said() -> None:
+    """Without an Alertmanager the rules fire into Prometheus's page only: say so."""
+    config = load_yaml(PROMETHEUS_DIR / "prometheus.yml")
+    services = _compose()["services"]
+    if config.get("alerting"):
+        targets = str(config["alerting"])
+        assert any(name in targets for name in services), "alerting to no compose service"
+        return
+    operations = (REPO / "docs" / "operations.md").read_text()
+    assert "no Alertmanager runs" in operations
+    assert "no Alertmanager runs" in " ".join(
+        line.lstrip("# ") for line in COMPOSE.read_text().splitlines()
+    )

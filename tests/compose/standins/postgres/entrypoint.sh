@@ -1,10 +1,14 @@
 #!/bin/sh
-# The official image's first start: initdb with POSTGRES_PASSWORD for the superuser (password
+# The official image's first start: initdb with POSTGRES_PASSWORD(_FILE) for the superuser (password
 # from other hosts, trust on the local socket), POSTGRES_DB, then every script of
 # /docker-entrypoint-initdb.d (*.sh run, *.sql fed to psql) on a server that listens on the
 # socket only; then the server, as postgres, in the foreground.
 set -eu
-: "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD is required}"
+# POSTGRES_PASSWORD, or as the official image, the file POSTGRES_PASSWORD_FILE names.
+if [ -n "${POSTGRES_PASSWORD_FILE:-}" ]; then
+  POSTGRES_PASSWORD=$(cat "$POSTGRES_PASSWORD_FILE")
+fi
+: "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD or POSTGRES_PASSWORD_FILE is required}"
 export POSTGRES_USER="${POSTGRES_USER:-postgres}" POSTGRES_DB="${POSTGRES_DB:-postgres}"
 mkdir -p "$PGDATA" /run/postgresql
 chown postgres:postgres "$PGDATA" /run/postgresql

@@ -1,10 +1,10 @@
 #!/bin/sh
-# The official image's first-start user from RABBITMQ_DEFAULT_USER / RABBITMQ_DEFAULT_PASS; the
-# server runs as rabbitmq in the foreground as process 1's image (exec), so SIGTERM stops it.
+# As the official image: the server's settings in rabbitmq.conf and the first start's user from
+# the files of /etc/rabbitmq/conf.d (docker-compose.yml mounts its secret there; RabbitMQ
+# reads conf.d after rabbitmq.conf); the server runs as rabbitmq in the foreground as process
+# 1's image (exec), so SIGTERM stops it.
 set -eu
 cat >/etc/rabbitmq/rabbitmq.conf <<CONF
-default_user = ${RABBITMQ_DEFAULT_USER:-guest}
-default_pass = ${RABBITMQ_DEFAULT_PASS:-guest}
 loopback_users = none
 listeners.tcp.default = 5672
 management.tcp.port = 15672

@@ -864,4 +864,28 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    # issue 27 (numbers): metadata numbers by numeric's digits, nesting through an operation,
+    # a job line's amount as the recorder reads it, balances past 10^20, the intake's byte limits
+    Mutant(
+        name="metadata-scale-one-past-numeric",
+        path="bulk_recorder/records/rules.py",
+        old="    if exponent < -MAX_METADATA_FRACTION_DIGITS:\n",
+        new="    if exponent < -MAX_METADATA_FRACTION_DIGITS - 1:\n",
+        promise=BAD_DATA,
+        tests=(
+            "tests/integration/test_metadata_numbers.py::"
+            "test_metadata_number_accepted_exactly_when_postgresql_stores_it",
+        ),
+    ),
+    Mutant(
+        name="nesting-bound-forgets-the-operation-on-the-path",
+        path="bulk_recorder/records/validation.py",
+        old="        brackets -= len(wire.operations) - 1\n",
+        new="        brackets -= len(wire.operations)\n",
+        promise=BAD_DATA,
+        tests=(
+            "tests/unit/test_records.py::test_nesting_inside_an_operation_counts_the_operation",
+        ),
+        fast=True,
+    ),
 )

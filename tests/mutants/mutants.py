@@ -888,4 +888,12 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="job-amount-published-with-an-exponent",
+        path="bulk_recorder/producer/ingest.py",
+        old='            "amount": format(annotation.amount, "f"),\n',
+        new='            "amount": str(annotation.amount),\n',
+        promise=EXACT_AMOUNTS,
+        tests=(T_API + "test_a_job_lines_amount_is_published_as_the_recorder_decodes_it",),
+    ),
 )

@@ -896,4 +896,24 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=EXACT_AMOUNTS,
         tests=(T_API + "test_a_job_lines_amount_is_published_as_the_recorder_decodes_it",),
     ),
+    Mutant(
+        name="ndjson-bom-looked-for-in-the-first-chunk-only",
+        path="bulk_recorder/producer/parsers.py",
+        old=" and codecs.BOM_UTF8.startswith(chunk):\n",
+        new=" and False:\n",
+        promise=PRODUCER,
+        tests=(
+            "tests/unit/test_ingest.py::test_a_bom_split_across_chunks_is_dropped_as_in_one_chunk",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="csv-record-measured-in-characters",
+        path="bulk_recorder/producer/csv_lines.py",
+        old="                out.append((number, self._to_body(row, utf8_size(text))))\n",
+        new="                out.append((number, self._to_body(row, len(text))))\n",
+        promise=PRODUCER,
+        tests=("tests/unit/test_ingest.py::test_the_csv_line_limit_counts_bytes_not_characters",),
+        fast=True,
+    ),
 )

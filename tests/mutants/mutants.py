@@ -916,4 +916,12 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/unit/test_ingest.py::test_the_csv_line_limit_counts_bytes_not_characters",),
         fast=True,
     ),
+    Mutant(
+        name="balances-capped-at-an-amounts-width",
+        path="bulk_recorder/sql/008_balances_unbounded.sql",
+        old="ALTER COLUMN available TYPE numeric;",
+        new="ALTER COLUMN available TYPE numeric(38, 18);",
+        promise=EXACT_AMOUNTS,
+        tests=(T_BALANCES + "test_balances_hold_any_sum_of_allowed_amounts",),
+    ),
 )

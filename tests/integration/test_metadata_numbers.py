@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from typing import Any
 
 import asyncpg
 import pytest
@@ -19,6 +20,7 @@ from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.recorder.writer import PgWriter
 from bulk_recorder.records import RecordError, Transaction, decode
 from consumer.tools.generator import Generator
+from tests.integration.producer_support import api_client
 
 pytestmark = [pytest.mark.postgres]
 
@@ -48,8 +50,8 @@ BOUNDARIES: tuple[tuple[str, bool], ...] = (
 )
 
 
-def _body(number: str) -> bytes:
-    raw = Generator.create(seed=27).transaction()
+def _body(number: str, seed: int = 27) -> bytes:
+    raw = Generator.create(seed=seed).transaction()
     for op in raw["operations"]:
         op["amount"] = raw["amount"]
     raw["metadata"] = "__M__"
@@ -107,3 +109,29 @@ async def test_metadata_number_accepted_exactly_when_postgresql_stores_it(
             await pool.close()
     finally:
         await conn.close()
+
+
+async def test_the_api_answers_each_metadata_number_as_postgresql_stores_it(
+    make_settings: Any, db: Any
+) -> None:
+    """Through a real API (sync mode: the 201 is the row written): every boundary number is
+    201 and stored, or 422 with the digits' reason, exactly as the server stores it."""
+    settings = make_settings(rabbitmq_transaction_async=False)
+    answers = {}
+    async with api_client(settings) as (client, _):
+        for n, (number, _) in enumerate(BOUNDARIES):
+            response = await client.post(
+                "/v1/transactions",
+                content=_body(number, seed=n),
+                headers={"content-type": "application/json"},
+            )
+            answers[number] = (response.status_code, response.json().get("detail"))
+    expected = {number: (201, None) if stores else (422, REFUSED) for number, stores in BOUNDARIES}
+    assert {k[:24]: v for k, v in answers.items()} == {k[:24]: v for k, v in expected.items()}
+    conn = await db()
+    stored = [
+        Decimal(text)
+        for text in await conn.fetch("SELECT metadata->>'x' FROM transactions")
+        for text in text
+    ]
+    assert sorted(stored) == sorted(Decimal(number) for number, stores in BOUNDARIES if stores)

@@ -7,7 +7,15 @@ import codecs
 import csv
 from typing import Any, Final
 
-from bulk_recorder.producer.lines import BOM, ENCODE_JSON, WHITESPACE, FormatError, Item, too_long
+from bulk_recorder.producer.lines import (
+    BOM,
+    ENCODE_JSON,
+    WHITESPACE,
+    FormatError,
+    Item,
+    too_long,
+    utf8_size,
+)
 
 __all__ = ["CSV_COLUMNS", "CsvParser"]
 
@@ -55,7 +63,7 @@ class CsvParser:
         data = self._tail + text if self._tail else text
         lines = data.split("\n")
         self._tail = lines.pop()
-        if len(self._tail) > self._limit:
+        if len(self._tail) > self._limit // 4 and utf8_size(self._tail) > self._limit:
             raise FormatError(f"line {self._line + 1}: longer than {self._limit} bytes")
         return self._records(lines)
 
@@ -83,7 +91,7 @@ class CsvParser:
             if self._pending or quotes % 2:
                 self._pending.append(line)
                 self._pending_quotes += quotes
-                self._pending_size += len(line) + 1
+                self._pending_size += utf8_size(line) + 1
                 if self._pending_quotes % 2:
                     if self._pending_size > self._limit:
                         raise FormatError(
@@ -105,7 +113,7 @@ class CsvParser:
             elif self._header is None:
                 self._header = _check_header(row)
             else:
-                out.append((number, self._to_body(row, len(text))))
+                out.append((number, self._to_body(row, utf8_size(text))))
         return out
 
     def _to_body(self, row: list[str], size: int) -> bytes | str:

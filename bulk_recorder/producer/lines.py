@@ -10,7 +10,7 @@ import msgspec
 
 from bulk_recorder.exceptions import BulkRecorderError
 
-__all__ = ["BOM", "ENCODE_JSON", "FormatError", "Item", "LineParser", "too_long"]
+__all__ = ["BOM", "ENCODE_JSON", "FormatError", "Item", "LineParser", "too_long", "utf8_size"]
 
 # One parsed line: (line number, message body to validate) or (line number, reason rejected).
 Item = tuple[int, bytes | str]
@@ -39,3 +39,9 @@ class LineParser(Protocol):
 
 def too_long(limit: int) -> str:
     return f"line longer than {limit} bytes"
+
+
+def utf8_size(text: str) -> int:
+    """The bytes ``text`` takes in UTF-8, what the line limits count (an ASCII text's length,
+    known without encoding it)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

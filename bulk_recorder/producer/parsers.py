@@ -94,6 +94,11 @@ class NdjsonParser:
 
     def feed(self, chunk: bytes) -> list[Item]:
         if self._first and chunk:
+            chunk = self._tail + chunk
+            self._tail = b""
+            if len(chunk) < len(codecs.BOM_UTF8) and codecs.BOM_UTF8.startswith(chunk):
+                self._tail = chunk  # a BOM cut by the chunk boundary: wait for its rest
+                return []
             self._first = False
             chunk = chunk.removeprefix(codecs.BOM_UTF8)
         data = self._tail + chunk if self._tail else chunk

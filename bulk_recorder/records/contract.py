@@ -12,9 +12,11 @@ from bulk_recorder.exceptions import BulkRecorderError
 
 RECORD_TYPES: tuple[str, ...] = ("transaction", "credit_annotation")
 DEFAULT_MAX_BODY_BYTES = 1_048_576
-# jsonb keeps numbers as numeric; beyond this exponent a metadata number is refused here
-# rather than by PostgreSQL later.
-MAX_METADATA_EXPONENT = 1000
+# jsonb keeps numbers as numeric: PostgreSQL's numeric holds at most so many digits before the
+# decimal point and after it (its scale as written, trailing zeros included). A metadata number
+# beyond either is refused here rather than by PostgreSQL later, whatever its spelling.
+MAX_METADATA_INTEGER_DIGITS: Final = 131_072
+MAX_METADATA_FRACTION_DIGITS: Final = 16_383
 
 MAX_DEPTH: Final = 32  # nesting levels of objects/arrays, the body's own object being level 1
 MAX_OPERATIONS: Final = 1000

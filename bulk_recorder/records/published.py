@@ -23,6 +23,8 @@ from bulk_recorder.records.contract import (
     MAX_AMOUNT_INTEGER_DIGITS,
     MAX_DEPTH,
     MAX_METADATA_BYTES,
+    MAX_METADATA_FRACTION_DIGITS,
+    MAX_METADATA_INTEGER_DIGITS,
 )
 from bulk_recorder.records.documents import CNPJ_LEN, CPF_LEN, MAX_RAW_LEN, PUNCTUATION
 
@@ -176,8 +178,11 @@ METADATA_COMPONENTS: Final[dict[str, Any]] = {
         "additionalProperties": {"$ref": _VALUE_REF},
         "description": "A JSON object, stored as jsonb with its numbers digit for digit: no "
         f"NUL in any string or key, at most {MAX_METADATA_BYTES} bytes as compact JSON, numbers "
-        f"within 10^-1000..10^1000, at most {MAX_DEPTH} levels of nesting in the whole body "
-        "(the sizes and the depth are checked on receipt: no schema states them).",
+        f"of at most {MAX_METADATA_INTEGER_DIGITS} digits before the decimal point and "
+        f"{MAX_METADATA_FRACTION_DIGITS} after (PostgreSQL's numeric; counted as written once "
+        "the exponent is applied, trailing zeros included, whatever the spelling), at most "
+        f"{MAX_DEPTH} levels of nesting in the whole body (the sizes, the digits and the depth "
+        "are checked on receipt: no schema states them).",
     },
     "MetadataValue": {
         "anyOf": [

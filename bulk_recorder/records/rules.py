@@ -22,7 +22,8 @@ from bulk_recorder.records.contract import (
     MAX_AMOUNT_FRACTION_DIGITS,
     MAX_AMOUNT_INTEGER_DIGITS,
     MAX_METADATA_BYTES,
-    MAX_METADATA_EXPONENT,
+    MAX_METADATA_FRACTION_DIGITS,
+    MAX_METADATA_INTEGER_DIGITS,
     RecordError,
 )
 from bulk_recorder.records.documents import normalize_document
@@ -164,14 +165,32 @@ def document(value: str) -> tuple[str, str]:
 # -- metadata: stored as jsonb, from compact JSON text with every number as sent -------------
 
 
-class _HugeExponent(BulkRecorderError):
-    """A metadata number's exponent is past the limit (turned into its RecordError)."""
+class _Unstorable(BulkRecorderError):
+    """A metadata number numeric cannot hold (turned into its RecordError)."""
+
+
+_UNSTORABLE: Final = (
+    f"number out of range (at most {MAX_METADATA_INTEGER_DIGITS} digits before the point and "
+    f"{MAX_METADATA_FRACTION_DIGITS} after)"
+)
+
+
+def storable_number(number: Decimal) -> bool:
+    """True if PostgreSQL's numeric holds ``number`` (a finite Decimal) as written: its digits
+    before the point, once the exponent is applied, and its scale (trailing zeros count, as
+    numeric keeps them). One rule by value, whether the number is written plainly or with an
+    exponent: ``1e1001`` and ``1`` followed by 1,001 zeros alike."""
+    exponent = number.as_tuple().exponent
+    assert isinstance(exponent, int)  # JSON has no NaN or Infinity
+    if exponent < -MAX_METADATA_FRACTION_DIGITS:
+        return False
+    return not number or number.adjusted() < MAX_METADATA_INTEGER_DIGITS
 
 
 def _bounded_decimal(text: str) -> Decimal:
     number = Decimal(text)
-    if abs(number.adjusted()) > MAX_METADATA_EXPONENT:
-        raise _HugeExponent
+    if not storable_number(number):
+        raise _Unstorable
     return number
 
 
@@ -183,8 +202,8 @@ def metadata_from_raw(raw: msgspec.Raw) -> str | None:
     """The metadata of a body that passed the schema (so it is JSON without lone surrogates)."""
     try:
         value = _PARSE_METADATA(raw)
-    except _HugeExponent:
-        return metadata(PARSE(raw))  # NUL is reported before the exponent
+    except _Unstorable:
+        return metadata(PARSE(raw))  # NUL is reported before the number
     if value is None:
         return None
     if type(value) is not dict:
@@ -204,8 +223,8 @@ def metadata(value: Any, twin: Any = MISSING) -> str | None:
         type_error("", "metadata", value, "an object or null")
     if _contains_nul(value):
         fail("", "metadata", "contains NUL")
-    if _huge_exponent(value):
-        fail("", "metadata", f"number out of range (exponent beyond {MAX_METADATA_EXPONENT})")
+    if _unstorable_number(value):
+        fail("", "metadata", _UNSTORABLE)
     text = ENCODE(value)
     if twin is not MISSING and ENCODE(twin) != text:
         fail("", "metadata", "invalid unicode")
@@ -222,14 +241,14 @@ def _children(node: Any) -> Any:
     return node.values() if type(node) is dict else node
 
 
-def _huge_exponent(root: Any) -> bool:
+def _unstorable_number(root: Any) -> bool:
     stack = [root]
     while stack:
         node = stack.pop()
         kind = type(node)
         if kind is dict or kind is list:
             stack.extend(_children(node))
-        elif kind is Decimal and abs(node.adjusted()) > MAX_METADATA_EXPONENT:
+        elif kind is Decimal and not storable_number(node):
             return True
     return False
 

@@ -129,6 +129,46 @@ async def test_sync_transaction_refused_by_the_database_is_a_4xx_and_leaves_noth
         assert await count(conn, "transactions") == 1
 
 
+JOB_EXTREME_AMOUNTS = (
+    "0.0000001",  # str(Decimal) writes 1E-7, which no record's amount may be
+    "0.000000000000000001",
+    "99999999999999999999.999999999999999999",
+    "10000000000000000000",
+    "0",
+    "0.000000000000000000",
+)
+
+
+async def test_a_job_lines_amount_is_published_as_the_recorder_decodes_it(
+    make_settings, db
+) -> None:
+    """Every amount a job line may carry (the 18-decimal extremes, NDJSON and CSV) reaches the
+    outbox as a body the recorder's decode accepts, with the same amount: a body it refused
+    would be dead-lettered and the job would read `recording` for ever."""
+    settings = make_settings()
+    gen = Generator.create(27)
+    lines = [dict(gen.credit_annotation(), amount=amount) for amount in JOB_EXTREME_AMOUNTS]
+    rows = [
+        f"{a['id']},{a['document']},{a['kind']},Banco,{a['amount']},{a['occurred_on']},"
+        for a in (dict(gen.credit_annotation(), amount=x) for x in JOB_EXTREME_AMOUNTS)
+    ]
+    csv_body = "id,document,kind,creditor,amount,occurred_on,reason\n" + "\n".join(rows) + "\n"
+    async with api_client(settings) as (client, _):
+        for body, headers in ((ndjson(lines), NDJSON), (csv_body.encode(), CSV)):
+            response = await client.post(JOBS, content=body, headers=headers)
+            assert response.status_code == 202, response.text
+            assert response.json()["rejected"] == 0, response.json()["rejections"]
+    conn = await db()
+    bodies = await conn.fetch("SELECT body FROM outbox ORDER BY id")
+    amounts = []
+    for row in bodies:
+        record = decode(bytes(row["body"]), "credit_annotation")
+        assert isinstance(record, CreditAnnotation)
+        amounts.append(record.amount)
+    expected = [Decimal(amount) for amount in JOB_EXTREME_AMOUNTS]
+    assert amounts == expected + expected
+
+
 @pytest.mark.parametrize(
     ("body", "headers", "status", "detail"),
     [

@@ -349,3 +349,41 @@ async def test_api_repeats_and_republished_outbox_rows_move_balances_once(
     assert balances_once == expected_balances(txs)
     assert await balances(conn) == balances_once
     assert recorder.value("bulk_recorder_rows_ignored_total", table="transactions") == 120
+
+
+async def test_balances_hold_any_sum_of_allowed_amounts(database_url) -> None:
+    """Every allowed amount moves balances: three of the largest, 99999999999999999999.99...9
+    (20 and 18 digits), and two of 60000000000000000000.00 on the same two accounts, once
+    written alone and then several in one flush, pass 10^20 and land to the last digit."""
+    await migrate(database_url)
+    gen = Generator.create(71)
+    debit, credit = gen.accounts[:2]
+    largest = "99999999999999999999.999999999999999999"
+    amounts = [largest, "60000000000000000000.00", largest, "60000000000000000000.00", largest]
+    txs = []
+    for amount in amounts:
+        tx = gen.transaction()
+        tx["status"] = "APPROVED"
+        tx["amount"] = amount
+        for op in tx["operations"]:
+            op["amount"] = amount
+            op["account_id"] = debit if op["type"] == "DEBIT" else credit
+        txs.append(tx)
+    batch = records(txs)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        writer = PgWriter(pool)
+        await writer.write(batch[:1])
+        await writer.write(batch[1:2])
+        await writer.write(batch[2:])
+        async with pool.acquire() as conn:
+            assert await balances(conn) == expected_balances(txs)
+            rows = await conn.fetch(
+                "SELECT account_id::text, available::text FROM balances ORDER BY available"
+            )
+        assert [tuple(row) for row in rows] == [
+            (debit, "-419999999999999999999.999999999999999997"),
+            (credit, "419999999999999999999.999999999999999997"),
+        ]
+    finally:
+        await pool.close()

@@ -1666,4 +1666,64 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    # issue 27 (numbers): metadata numbers by numeric's digits, nesting through an operation,
+    # a job line's amount as the recorder reads it, balances past 10^20, the intake's byte limits
+    Mutant(
+        name="metadata-scale-one-past-numeric",
+        path="bulk_recorder/records/rules.py",
+        old="    if exponent < -MAX_METADATA_FRACTION_DIGITS:\n",
+        new="    if exponent < -MAX_METADATA_FRACTION_DIGITS - 1:\n",
+        promise=BAD_DATA,
+        tests=(
+            "tests/integration/test_metadata_numbers.py::"
+            "test_metadata_number_accepted_exactly_when_postgresql_stores_it",
+        ),
+    ),
+    Mutant(
+        name="nesting-bound-forgets-the-operation-on-the-path",
+        path="bulk_recorder/records/validation.py",
+        old="        brackets -= len(wire.operations) - 1\n",
+        new="        brackets -= len(wire.operations)\n",
+        promise=BAD_DATA,
+        tests=(
+            "tests/unit/test_records.py::test_nesting_inside_an_operation_counts_the_operation",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="job-amount-published-with-an-exponent",
+        path="bulk_recorder/producer/ingest.py",
+        old='            "amount": format(annotation.amount, "f"),\n',
+        new='            "amount": str(annotation.amount),\n',
+        promise=EXACT_AMOUNTS,
+        tests=(T_API + "test_a_job_lines_amount_is_published_as_the_recorder_decodes_it",),
+    ),
+    Mutant(
+        name="ndjson-bom-looked-for-in-the-first-chunk-only",
+        path="bulk_recorder/producer/parsers.py",
+        old=" and codecs.BOM_UTF8.startswith(chunk):\n",
+        new=" and False:\n",
+        promise=PRODUCER,
+        tests=(
+            "tests/unit/test_ingest.py::test_a_bom_split_across_chunks_is_dropped_as_in_one_chunk",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="csv-record-measured-in-characters",
+        path="bulk_recorder/producer/csv_lines.py",
+        old="                out.append((number, self._to_body(row, utf8_size(text))))\n",
+        new="                out.append((number, self._to_body(row, len(text))))\n",
+        promise=PRODUCER,
+        tests=("tests/unit/test_ingest.py::test_the_csv_line_limit_counts_bytes_not_characters",),
+        fast=True,
+    ),
+    Mutant(
+        name="balances-capped-at-an-amounts-width",
+        path="bulk_recorder/sql/008_balances_unbounded.sql",
+        old="ALTER COLUMN available TYPE numeric;",
+        new="ALTER COLUMN available TYPE numeric(38, 18);",
+        promise=EXACT_AMOUNTS,
+        tests=(T_BALANCES + "test_balances_hold_any_sum_of_allowed_amounts",),
+    ),
 )

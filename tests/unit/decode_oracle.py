@@ -26,7 +26,8 @@ from bulk_recorder.records.contract import (
     MAX_DEPTH,
     MAX_DESCRIPTION_LEN,
     MAX_METADATA_BYTES,
-    MAX_METADATA_EXPONENT,
+    MAX_METADATA_FRACTION_DIGITS,
+    MAX_METADATA_INTEGER_DIGITS,
     MAX_OPERATIONS,
     OPERATION_TYPES,
     TRANSACTION_STATUSES,
@@ -386,9 +387,20 @@ def _exact_json(value: Any) -> str:
     """Compact JSON like ``_METADATA_ENCODE``, writing Decimal numbers exactly as parsed."""
     kind = type(value)
     if kind is Decimal:
-        if abs(value.adjusted()) > MAX_METADATA_EXPONENT:
-            _fail("", "metadata", f"number out of range (exponent beyond {MAX_METADATA_EXPONENT})")
-        return str(value)
+        text = str(value)
+        mantissa, _, exp = text.upper().partition("E")
+        digits, _, fraction = mantissa.lstrip("-").partition(".")
+        point = int(exp or 0) - len(fraction)  # value: (digits + fraction) * 10**point
+        significant = (digits + fraction).lstrip("0")
+        whole = max(0, len(significant) + point) if significant else 0
+        if -point > MAX_METADATA_FRACTION_DIGITS or whole > MAX_METADATA_INTEGER_DIGITS:
+            _fail(
+                "",
+                "metadata",
+                f"number out of range (at most {MAX_METADATA_INTEGER_DIGITS} digits before the "
+                f"point and {MAX_METADATA_FRACTION_DIGITS} after)",
+            )
+        return text
     if kind is dict:
         items = (f"{_METADATA_ENCODE(k)}:{_exact_json(v)}" for k, v in value.items())
         return "{" + ",".join(items) + "}"

@@ -251,3 +251,50 @@ def test_the_last_line_without_newline_counts_at_finish() -> None:
     intake.feed(body)  # four lines so far
     with pytest.raises(TooManyLines):
         intake.finish()  # the fifth, unterminated
+
+
+@pytest.mark.parametrize("fmt", sorted(BODIES))
+@pytest.mark.parametrize("cut", [1, 2])
+def test_a_bom_split_across_chunks_is_dropped_as_in_one_chunk(fmt: str, cut: int) -> None:
+    """How TCP segments fall decides nothing: a BOM cut after its first or second byte is
+    dropped like a whole one, and line 1 is read as it was sent."""
+    body = BODIES[fmt].removeprefix(b"\xef\xbb\xbf")
+    with_bom = b"\xef\xbb\xbf" + body
+    whole = run(fmt, [with_bom])
+    assert whole == run(fmt, [body])
+    assert run(fmt, [with_bom[:cut], with_bom[cut:]]) == whole
+    assert run(fmt, [with_bom[:1], with_bom[1:2], with_bom[2:]]) == whole
+
+
+def _csv_record(creditor: str) -> str:
+    return f"{A['id']},{A['document']},RESTRICTION,{creditor},1.00,2026-11-20,"
+
+
+@pytest.mark.parametrize("quoted", [False, True])
+def test_the_csv_line_limit_counts_bytes_not_characters(quoted: bool) -> None:
+    """A record of 'ç' (2 bytes each) is measured in bytes, as docs/producer.md states: one
+    byte over is refused with the line limit's reason, whatever its count of characters, and
+    one at the limit is taken. Quoted (a field that may span lines) or not."""
+    base = len(_csv_record('""' if quoted else "").encode())
+    limit = base + 200
+    header = "id,document,kind,creditor,amount,occurred_on,reason\n"
+
+    def record(creditor: str) -> str:
+        return _csv_record(f'"{creditor}"' if quoted else creditor)
+
+    at_limit, over = record("ç" * 100), record("ç" * 100 + "x")
+    assert len(at_limit.encode()) == limit
+    assert len(over) < limit < len(over.encode())
+    body = (header + at_limit + "\n" + over + "\n").encode()
+    items = run("csv", [body], limit)
+    assert [(n, type(item)) for n, item in items] == [(2, bytes), (3, str)]
+    assert items[1] == (3, f"line longer than {limit} bytes")
+
+
+def test_an_unfinished_csv_line_is_measured_in_bytes() -> None:
+    """The line not yet ended by a newline is bounded in bytes too: a client sending 'ç'
+    without a newline is refused at the limit, not at twice it."""
+    parser = CsvParser(100)
+    parser.feed(b"id,document,kind,creditor,amount,occurred_on,reason\n")
+    with pytest.raises(FormatError, match="line 2: longer than 100 bytes"):
+        parser.feed(("ç" * 51).encode())

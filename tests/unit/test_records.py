@@ -333,6 +333,19 @@ def test_nesting_in_ignored_field_counts_too() -> None:
     assert reason(body) == "JSON nesting deeper than 32 levels"
 
 
+@pytest.mark.parametrize(("levels", "accepted"), [(32, True), (33, False)])
+def test_nesting_inside_an_operation_counts_the_operation(levels: int, accepted: bool) -> None:
+    """The body (1), the operations array (2) and the operation (3) are on the path to an
+    operation's extra field: 33 levels there are refused like 33 in metadata. The fast path
+    discounts the sibling operations' objects, never the one on the path."""
+    body = tx(metadata=None)  # no other brackets: the bound's fast path decides alone
+    body["operations"][0]["extra"] = _nested_metadata(levels - 2)
+    if accepted:
+        assert decode_tx(body).operations[0].id == OP1_ID
+    else:
+        assert reason(enc(body), "transaction") == "JSON nesting deeper than 32 levels"
+
+
 def test_nesting_beyond_parser_recursion_limit() -> None:
     body = b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     assert reason(body) == "JSON nesting deeper than 32 levels"
@@ -878,7 +891,9 @@ def test_metadata_numbers_are_kept_exactly(raw: bytes, stored: str) -> None:
 
 def test_metadata_number_with_absurd_exponent_rejected() -> None:
     body = enc(tx(metadata="__M__")).replace(b'"__M__"', b'{"x": 1e999999}')
-    assert reason(body) == "metadata: number out of range (exponent beyond 1000)"
+    assert reason(body) == (
+        "metadata: number out of range (at most 131072 digits before the point and 16383 after)"
+    )
 
 
 def test_metadata_size_limit() -> None:

@@ -261,8 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     except BulkRecorderError as exc:  # by class: each carries its exit code
         import logging
 
+        from bulk_recorder.masking import masked
+
         logging.getLogger(__name__).debug("%s failed", args.command, exc_info=True)
-        print(f"bulk-recorder {args.command}: {exc}", file=sys.stderr)
+        print(f"bulk-recorder {args.command}: {masked(str(exc))}", file=sys.stderr)
         return exc.exit_code
 
 

@@ -28,6 +28,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 
 from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
 from bulk_recorder.infra.errors import BROKER_ERRORS
+from bulk_recorder.masking import masked
 from consumer.tools.dlq_groups import Groups, reason_of
 from consumer.tools.dlq_identity import Plan
 from settings import Settings
@@ -64,7 +65,10 @@ async def connect(settings: Settings) -> aio_pika.abc.AbstractConnection | None:
         return await BrokerNodes.from_setting(settings.rabbitmq_url).connect()
     except BROKER_ERRORS as exc:
         where = ", ".join(endpoint(url) for url in split_urls(settings.rabbitmq_url))
-        print(f"bulk-recorder dlq: cannot reach RabbitMQ at {where}: {exc}", file=sys.stderr)
+        print(
+            f"bulk-recorder dlq: cannot reach RabbitMQ at {where}: {masked(str(exc))}",
+            file=sys.stderr,
+        )
         return None
 
 

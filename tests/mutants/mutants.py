@@ -44,6 +44,7 @@ DLQ_BY_REASON = "The DLQ is worked by reason"
 OTHER_CLIENTS = "Messages from other clients"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
+T_DLQ_PROPERTIES = "tests/integration/test_dlq_properties.py"
 T_BALANCES = "tests/integration/test_balances.py::"
 T_E2E = "tests/integration/test_e2e.py::"
 T_OUTBOX = "tests/integration/test_outbox.py::"
@@ -863,5 +864,38 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_missing_malformed_or_wrongly_typed_headers_give_no_context",
         ),
         fast=True,
+    ),
+    # issue 27 (hunt): a dead letter and its replay keep the message's properties
+    Mutant(
+        name="dead-letter-drops-reply-to",
+        path="consumer/copy_properties.py",
+        old="        reply_to=props.reply_to,\n",
+        new="",
+        promise=OTHER_CLIENTS,
+        tests=(T_DLQ_PROPERTIES,),
+    ),
+    Mutant(
+        name="dead-letter-forgets-the-user-id",
+        path="consumer/copy_properties.py",
+        old="        (ORIGINAL_USER_ID_HEADER, props.user_id),\n",
+        new="",
+        promise=OTHER_CLIENTS,
+        tests=(T_DLQ_PROPERTIES,),
+    ),
+    Mutant(
+        name="replay-drops-priority",
+        path="consumer/tools/dlq.py",
+        old="        priority=message.priority,\n",
+        new="",
+        promise=OTHER_CLIENTS,
+        tests=(T_DLQ_PROPERTIES,),
+    ),
+    Mutant(
+        name="replay-always-persistent",
+        path="consumer/tools/dlq.py",
+        old="            if mode == aio_pika.DeliveryMode.NOT_PERSISTENT\n",
+        new="            if False\n",
+        promise=OTHER_CLIENTS,
+        tests=(T_DLQ_PROPERTIES,),
     ),
 )

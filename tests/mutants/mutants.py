@@ -45,6 +45,7 @@ OTHER_CLIENTS = "Messages from other clients"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_DLQ_PROPERTIES = "tests/integration/test_dlq_properties.py"
+T_OUTBOX_STATS = "tests/integration/test_outbox_stats.py"
 T_BALANCES = "tests/integration/test_balances.py::"
 T_E2E = "tests/integration/test_e2e.py::"
 T_OUTBOX = "tests/integration/test_outbox.py::"
@@ -897,5 +898,22 @@ MUTANTS: tuple[Mutant, ...] = (
         new="            if False\n",
         promise=OTHER_CLIENTS,
         tests=(T_DLQ_PROPERTIES,),
+    ),
+    # issue 27 (hunt): survivors found where a doc states a number or an outcome
+    Mutant(
+        name="outbox-oldest-age-of-the-newest",
+        path="bulk_recorder/producer/outbox.py",
+        old="clock_timestamp() - min(created_at)",
+        new="clock_timestamp() - max(created_at)",
+        promise=PRODUCER,
+        tests=(T_OUTBOX_STATS,),
+    ),
+    Mutant(
+        name="outbox-backlog-counts-parked-rows",
+        path="bulk_recorder/producer/outbox.py",
+        old='FROM outbox WHERE parked_at IS NULL\n"""',
+        new='FROM outbox\n"""',
+        promise=PRODUCER,
+        tests=(T_OUTBOX_STATS,),
     ),
 )

@@ -916,4 +916,15 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=PRODUCER,
         tests=(T_OUTBOX_STATS,),
     ),
+    Mutant(
+        name="pg-host-default-timeout-not-5-s",
+        path="bulk_recorder/infra/pg_hosts.py",
+        old="DEFAULT_HOST_TIMEOUT_S = 5.0\n",
+        new="DEFAULT_HOST_TIMEOUT_S = 15.0\n",
+        promise=DB_FAILOVER,
+        tests=(
+            "tests/integration/test_db_hosts.py::"
+            "test_without_connect_timeout_a_silent_host_is_given_5_seconds",
+        ),
+    ),
 )

@@ -216,10 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("api", help="serve the ingest API on API_HOST:API_PORT until SIGTERM")
     relay = sub.add_parser("relay", help="publish outbox rows with confirms until SIGTERM")
-    relay.add_argument("--batch-size", type=_positive_int, default=500, help="rows a claim")
-    relay.add_argument("--lanes", type=_positive_int, default=2, help="concurrent batches")
+    # no defaults here: RelayConfig's are the relay's (a default of None means "not given")
+    relay.add_argument("--batch-size", type=_positive_int, help="rows a claim (500)")
+    relay.add_argument("--lanes", type=_positive_int, help="concurrent batches (2)")
     relay.add_argument(
-        "--poll-interval", type=float, default=1.0, help="seconds between polls without NOTIFY"
+        "--poll-interval", type=float, help="seconds between polls without NOTIFY (1)"
     )
     api_keys.add_parser(sub)
     outbox_tool.add_parser(sub)

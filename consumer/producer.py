@@ -88,8 +88,13 @@ def cmd_relay(settings: Settings, args: argparse.Namespace) -> int:
     from consumer.topology import Topology, declare_or_mismatch
 
     try:
+        default = RelayConfig()
         config = RelayConfig(
-            batch_size=args.batch_size, lanes=args.lanes, poll_interval_s=args.poll_interval
+            batch_size=default.batch_size if args.batch_size is None else args.batch_size,
+            lanes=default.lanes if args.lanes is None else args.lanes,
+            poll_interval_s=(
+                default.poll_interval_s if args.poll_interval is None else args.poll_interval
+            ),
         )
     except ValueError as exc:
         print(f"bulk-recorder relay: {exc}", file=sys.stderr)

@@ -46,6 +46,7 @@ OTHER_CLIENTS = "Messages from other clients"
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_DLQ_PROPERTIES = "tests/integration/test_dlq_properties.py"
 T_OUTBOX_STATS = "tests/integration/test_outbox_stats.py"
+T_RELAY_WAKES = "tests/integration/test_relay_wakes.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
 T_E2E = "tests/integration/test_e2e.py::"
 T_OUTBOX = "tests/integration/test_outbox.py::"
@@ -926,5 +927,21 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/integration/test_db_hosts.py::"
             "test_without_connect_timeout_a_silent_host_is_given_5_seconds",
         ),
+    ),
+    Mutant(
+        name="relay-deaf-to-notify",
+        path="bulk_recorder/producer/outbox.py",
+        old="lambda *_args: wake()",
+        new="lambda *_args: None",
+        promise=PRODUCER,
+        tests=(T_RELAY_WAKES + "test_a_notification_wakes_the_relay_long_before_its_poll",),
+    ),
+    Mutant(
+        name="relay-poll-not-1-s",
+        path="bulk_recorder/producer/relay_batch.py",
+        old="    poll_interval_s: float = 1.0  #",
+        new="    poll_interval_s: float = 10.0  #",
+        promise=PRODUCER,
+        tests=(T_RELAY_WAKES + "test_without_a_notification_the_relay_polls_every_second",),
     ),
 )

@@ -944,4 +944,23 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=PRODUCER,
         tests=(T_RELAY_WAKES + "test_without_a_notification_the_relay_polls_every_second",),
     ),
+    Mutant(
+        name="queue-watch-not-every-5-s",
+        path="consumer/queue_watch.py",
+        old="DEFAULT_INTERVAL_S = 5.0\n",
+        new="DEFAULT_INTERVAL_S = 15.0\n",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_queue_watch.py::test_the_queue_is_looked_at_every_5_seconds",
+        ),
+    ),
+    Mutant(
+        name="idempotency-key-of-255-refused",
+        path="bulk_recorder/producer/api/body.py",
+        old="0 < len(value) <= MAX_IDEMPOTENCY_KEY_LEN",
+        new="0 < len(value) < MAX_IDEMPOTENCY_KEY_LEN",
+        promise=PRODUCER,
+        tests=("tests/integration/test_idempotency_keys.py",),
+        fast=True,
+    ),
 )

@@ -963,4 +963,16 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/integration/test_idempotency_keys.py",),
         fast=True,
     ),
+    Mutant(
+        name="last-delivery-zero-before-the-first",
+        path="consumer/queue_watch.py",
+        old='set_to_current_time()  # "never" reads as "since start"',
+        new='set(0)  # "never" reads as "since start"',
+        promise=PRODUCER,
+        tests=(
+            "tests/unit/test_queue_watch.py::"
+            "test_before_any_delivery_the_last_delivery_time_is_the_start",
+        ),
+        fast=True,
+    ),
 )

@@ -17,6 +17,7 @@ from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import enqueue, notify
 from bulk_recorder.producer.relay import RelayConfig
 from consumer.tools.generator import Generator
+from settings import Settings
 from tests.conftest import Broker, wait_for
 from tests.integration.producer_support import RunningRelay, running_relay
 
@@ -46,29 +47,35 @@ async def publish_one(
     return time.monotonic() - committed
 
 
+async def waits(
+    settings: Settings,
+    conn: asyncpg.Connection,
+    config: RelayConfig,
+    *,
+    notified: bool,
+) -> list[float]:
+    """Three rows, each written just after the previous one was published: how long each
+    waited for the relay (one lane, listening)."""
+    gen = Generator.create(2701)
+    async with running_relay(settings, config) as relay:
+        await wait_for(lambda: listening(conn), timeout=30)
+        await publish_one(conn, relay, gen, notified=notified)
+        return [await publish_one(conn, relay, gen, notified=notified) for _ in range(3)]
+
+
 async def test_a_notification_wakes_the_relay_long_before_its_poll(
     make_settings, database_url: str, broker: Broker, db
 ) -> None:
-    await migrate(database_url)
-    conn = await db()
-    gen = Generator.create(2701)
     config = RelayConfig(batch_size=10, lanes=1, poll_interval_s=60)
-    async with running_relay(make_settings(), config) as relay:
-        await wait_for(lambda: listening(conn), timeout=30)
-        await publish_one(conn, relay, gen, notified=True)
-        waited = [await publish_one(conn, relay, gen, notified=True) for _ in range(3)]
+    await migrate(database_url)
+    waited = await waits(make_settings(), await db(), config, notified=True)
     assert max(waited) < 5.0, waited  # a notification, not the 60 s poll
 
 
 async def test_without_a_notification_the_relay_polls_every_second(
     make_settings, database_url: str, broker: Broker, db
 ) -> None:
-    await migrate(database_url)
-    conn = await db()
-    gen = Generator.create(2702)
     config = RelayConfig(batch_size=10, lanes=1)  # the default poll
-    async with running_relay(make_settings(), config) as relay:
-        await wait_for(lambda: listening(conn), timeout=30)
-        await publish_one(conn, relay, gen, notified=False)
-        waited = [await publish_one(conn, relay, gen, notified=False) for _ in range(3)]
+    await migrate(database_url)
+    waited = await waits(make_settings(), await db(), config, notified=False)
     assert max(waited) < 3.0, waited  # one poll of 1 s, and the publish

@@ -44,8 +44,14 @@ DLQ_BY_REASON = "The DLQ is worked by reason"
 OTHER_CLIENTS = "Messages from other clients"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
-T_DLQ_PROPERTIES = "tests/integration/test_dlq_properties.py"
-T_OUTBOX_STATS = "tests/integration/test_outbox_stats.py"
+T_DLQ_PROPERTIES = (
+    "tests/integration/test_dlq_properties.py::"
+    "test_dead_letter_and_replay_keep_the_message_properties"
+)
+T_OUTBOX_STATS = (
+    "tests/integration/test_outbox_stats.py::"
+    "test_outbox_gauges_count_waiting_rows_and_the_oldest_ones_age"
+)
 T_RELAY_WAKES = "tests/integration/test_relay_wakes.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
 T_E2E = "tests/integration/test_e2e.py::"
@@ -960,7 +966,10 @@ MUTANTS: tuple[Mutant, ...] = (
         old="0 < len(value) <= MAX_IDEMPOTENCY_KEY_LEN",
         new="0 < len(value) < MAX_IDEMPOTENCY_KEY_LEN",
         promise=PRODUCER,
-        tests=("tests/integration/test_idempotency_keys.py",),
+        tests=(
+            "tests/integration/test_idempotency_keys.py::"
+            "test_the_longest_idempotency_key_is_accepted_and_replays",
+        ),
         fast=True,
     ),
     Mutant(

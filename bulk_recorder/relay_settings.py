@@ -11,16 +11,30 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
+# The relay's defaults, one copy: these settings' and RelayConfig's (a relay built in code).
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_LANES = 2
+DEFAULT_POLL_INTERVAL_S = 1.0
+
 
 class RelaySettings(BaseSettings):
     """``RELAY_*``: the defaults of ``bulk-recorder relay``'s options."""
 
     relay_batch_size: int = Field(
-        500, ge=1, le=100_000, description="Outbox rows claimed, published and deleted a batch."
+        DEFAULT_BATCH_SIZE,
+        ge=1,
+        le=100_000,
+        description="Outbox rows claimed, published and deleted a batch.",
     )
     relay_lanes: int = Field(
-        2, ge=1, le=64, description="Batches in flight at once (one database connection each)."
+        DEFAULT_LANES,
+        ge=1,
+        le=64,
+        description="Batches in flight at once (one database connection each).",
     )
     relay_poll_interval_s: float = Field(
-        1.0, gt=0, le=3600, description="Seconds between outbox polls when no NOTIFY arrives."
+        DEFAULT_POLL_INTERVAL_S,
+        gt=0,
+        le=3600,
+        description="Seconds between outbox polls when no NOTIFY arrives.",
     )

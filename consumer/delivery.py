@@ -47,7 +47,6 @@ from typing import Any
 from aiormq.abc import AbstractChannel, DeliveredMessage
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
-from pamqp import commands as spec
 
 from bulk_recorder.infra import tracing
 from bulk_recorder.infra.aiormq_internals import write_acks
@@ -55,6 +54,7 @@ from bulk_recorder.infra.backoff import RETRY, Backoff
 from bulk_recorder.infra.broker import cancel_requested
 from bulk_recorder.infra.errors import CHANNEL_GONE
 from bulk_recorder.recorder.flusher import DeadLetterResult, Delivery
+from consumer.copy_properties import copy_properties
 from consumer.copy_publisher import CopyPublisher
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class DeadLetterer:
         with dead_letter_span(self._dead_letter_exchange, message, reason) as span:
             failure = await self._publisher.publish(
                 message.body,
-                _properties(message, headers),
+                copy_properties(message.header.properties, headers),
                 exchange=self._dead_letter_exchange,
                 routing_key=routing_key,
                 wanted=wanted,
@@ -176,7 +176,7 @@ class DeadLetterer:
         headers[RETRIES_HEADER] = (retries if isinstance(retries, int) else 0) + 1
         return await self._publisher.publish(
             message.body,
-            _properties(message, headers),
+            copy_properties(message.header.properties, headers),
             exchange="",
             routing_key=self._queue,
             wanted=wanted,
@@ -231,21 +231,6 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return value if isinstance(value, str) else ""
-
-
-def _properties(message: DeliveredMessage, headers: dict[str, Any]) -> spec.Basic.Properties:
-    props = message.header.properties
-    return spec.Basic.Properties(
-        headers=headers,
-        content_type=props.content_type,
-        content_encoding=props.content_encoding,
-        message_type=props.message_type,
-        message_id=props.message_id,
-        correlation_id=props.correlation_id,
-        timestamp=props.timestamp,
-        app_id=props.app_id,
-        delivery_mode=2,  # persistent
-    )
 
 
 class AmqpDelivery:

@@ -27,6 +27,7 @@ from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.outbox import stamp_published
 from bulk_recorder.producer.relay_tracing import NO_SPANS, Headers, PublishSpans, Spans
+from bulk_recorder.relay_settings import DEFAULT_BATCH_SIZE, DEFAULT_LANES, DEFAULT_POLL_INTERVAL_S
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +89,11 @@ def _properties(record_type: str, headers: Headers) -> aiormq.spec.Basic.Propert
 
 @dataclass(frozen=True, slots=True)
 class RelayConfig:
-    batch_size: int = 500  # rows claimed, published and deleted per database transaction
-    lanes: int = 2  # concurrent batches in one relay (one DB connection each)
-    poll_interval_s: float = 1.0  # fallback when no notification arrives
+    batch_size: int = (
+        DEFAULT_BATCH_SIZE  # rows claimed, published and deleted per database transaction
+    )
+    lanes: int = DEFAULT_LANES  # concurrent batches in one relay (one DB connection each)
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # fallback when no notification arrives
     publish_timeout_s: float = 30.0  # room to write, or a confirm, slower: an outage
     max_attempts: int = 10  # broker refusals before a row is parked
     stats_interval_s: float = 2.0  # how often backlog and oldest age are refreshed

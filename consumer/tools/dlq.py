@@ -46,6 +46,7 @@ from typing import Any, TextIO
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
+from consumer.copy_properties import ORIGINAL_DELIVERY_MODE_HEADER
 from consumer.delivery import (
     DEAD_LETTERED_AT_HEADER,
     ERROR_HEADER,
@@ -98,10 +99,14 @@ def _text(value: Any) -> str | None:
 
 
 def replayed_message(message: AbstractIncomingMessage) -> tuple[aio_pika.Message, str]:
-    """The message to publish back, and its routing key (the record type)."""
+    """The message to publish back, and its routing key (the record type): the body and every
+    property of the dead letter, with the delivery mode the publisher chose (the dead letter
+    itself is persistent). ``expiration`` and ``user_id`` stay in their headers
+    (docs/messages.md, "Message properties")."""
     headers = {k: v for k, v in (message.headers or {}).items() if k not in DEATH_HEADERS}
     previous = headers.get(REPLAY_HEADER)
     headers[REPLAY_HEADER] = (previous if isinstance(previous, int) else 0) + 1
+    mode = headers.pop(ORIGINAL_DELIVERY_MODE_HEADER, None)
     original_key = _text((message.headers or {}).get(ORIGINAL_ROUTING_KEY_HEADER))
     routing_key = message.type or original_key or "untyped"
     out = aio_pika.Message(
@@ -112,9 +117,15 @@ def replayed_message(message: AbstractIncomingMessage) -> tuple[aio_pika.Message
         type=message.type,
         message_id=message.message_id,
         correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        priority=message.priority,
         timestamp=message.timestamp,
         app_id=message.app_id,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        delivery_mode=(
+            aio_pika.DeliveryMode.NOT_PERSISTENT
+            if mode == aio_pika.DeliveryMode.NOT_PERSISTENT
+            else aio_pika.DeliveryMode.PERSISTENT
+        ),
     )
     return out, routing_key
 

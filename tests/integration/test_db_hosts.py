@@ -11,14 +11,17 @@ reach the live server behind the silent one.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
+from bulk_recorder.infra import pg_hosts
 from consumer.tools.generator import Generator
 from tests.conftest import SettingsFactory, run_cli, settings_env, wait_for
 from tests.integration.producer_support import api_client, ndjson, running_relay
@@ -35,11 +38,12 @@ def silent_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
-def silent_host_first(dsn: str, silent_port: int) -> str:
+def silent_host_first(
+    dsn: str, silent_port: int, query: str = "target_session_attrs=read-write&connect_timeout=1"
+) -> str:
     parts = urlsplit(dsn)
     userinfo, at, hostspec = parts.netloc.rpartition("@")
     netloc = f"{userinfo}{at}127.0.0.1:{silent_port},{hostspec or '127.0.0.1:5432'}"
-    query = "target_session_attrs=read-write&connect_timeout=1"
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
@@ -85,3 +89,21 @@ async def test_every_command_passes_over_a_silent_host(
         finally:
             await conn.close()
     await wait_for(lambda: rec.value("bulk_recorder_messages_acked_total") == 3 + 20, timeout=30)
+
+
+@pytest.mark.timeout(60)
+async def test_without_connect_timeout_a_silent_host_is_given_5_seconds(
+    database_url: str, silent_port: int
+) -> None:
+    """docs/high-availability.md: each host is tried for ``connect_timeout`` seconds, default 5."""
+    server = urlunsplit(urlsplit(database_url)._replace(path="/postgres"))  # one that exists
+    dsn = silent_host_first(server, silent_port, query="target_session_attrs=read-write")
+    started = time.monotonic()
+    conn = await asyncio.wait_for(pg_hosts.connect(dsn), 30)
+    waited = time.monotonic() - started
+    try:
+        assert await conn.fetchval("SELECT 1") == 1  # the live host behind the silent one
+    finally:
+        await conn.close()
+    # the silent host had its 5 s, not less; the live one answers within a few more
+    assert 5.0 <= waited < 10.0, waited

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import aio_pika
 import pytest
 
@@ -87,3 +90,28 @@ async def test_the_dlq_depth_counts_every_dead_letter_the_recorder_did_not_count
         assert _gauges(metrics) == (0, 0)
     finally:
         await connection.close()
+
+
+async def test_the_queue_is_looked_at_every_5_seconds(services: Services, broker: Broker) -> None:
+    """docs/reference.md: the queue gauges come from a passive declare every 5 s (the recorder's
+    watch keeps its default). The first look is at start (it sees the message published before);
+    a message published just after it is seen at the second look, 5 s later."""
+    topo = broker.topology
+    connection = await aio_pika.connect(services.rabbitmq_url)
+    stop = asyncio.Event()
+    try:
+        metrics = Metrics()
+        watch = QueueWatch(metrics, topo.queue, lambda: connection)
+        await broker.publish(b"{}", "transaction")
+        started = time.monotonic()
+        task = asyncio.create_task(watch.run(stop))
+        await wait_for(lambda: _gauges(metrics)[0] == 1, timeout=10, interval=0.01)  # the first
+        await broker.publish(b"{}", "transaction")
+        await wait_for(lambda: _gauges(metrics)[0] == 2, timeout=30, interval=0.01)
+        seen = time.monotonic() - started
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    finally:
+        stop.set()
+        await connection.close()
+    assert 5.0 <= seen < 8.0, seen

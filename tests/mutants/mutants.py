@@ -44,6 +44,15 @@ DLQ_BY_REASON = "The DLQ is worked by reason"
 OTHER_CLIENTS = "Messages from other clients"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
+T_DLQ_PROPERTIES = (
+    "tests/integration/test_dlq_properties.py::"
+    "test_dead_letter_and_replay_keep_the_message_properties"
+)
+T_OUTBOX_STATS = (
+    "tests/integration/test_outbox_stats.py::"
+    "test_outbox_gauges_count_waiting_rows_and_the_oldest_ones_age"
+)
+T_RELAY_WAKES = "tests/integration/test_relay_wakes.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
 T_E2E = "tests/integration/test_e2e.py::"
 T_OUTBOX = "tests/integration/test_outbox.py::"
@@ -1725,5 +1734,116 @@ MUTANTS: tuple[Mutant, ...] = (
         new="ALTER COLUMN available TYPE numeric(38, 18);",
         promise=EXACT_AMOUNTS,
         tests=(T_BALANCES + "test_balances_hold_any_sum_of_allowed_amounts",),
+    ),
+    # issue 27 (hunt): a dead letter and its replay keep the message's properties
+    Mutant(
+        name="dead-letter-drops-reply-to",
+        path="consumer/copy_properties.py",
+        old="        reply_to=props.reply_to,\n",
+        new="",
+        promise=OTHER_CLIENTS,
+        tests=(T_DLQ_PROPERTIES,),
+    ),
+    Mutant(
+        name="dead-letter-forgets-the-user-id",
+        path="consumer/copy_properties.py",
+        old="        (ORIGINAL_USER_ID_HEADER, props.user_id),\n",
+        new="",
+        promise=OTHER_CLIENTS,
+        tests=(T_DLQ_PROPERTIES,),
+    ),
+    Mutant(
+        name="replay-drops-priority",
+        path="consumer/tools/dlq.py",
+        old="        priority=message.priority,\n",
+        new="",
+        promise=OTHER_CLIENTS,
+        tests=(T_DLQ_PROPERTIES,),
+    ),
+    Mutant(
+        name="replay-always-persistent",
+        path="consumer/tools/dlq.py",
+        old="            if mode == aio_pika.DeliveryMode.NOT_PERSISTENT\n",
+        new="            if False\n",
+        promise=OTHER_CLIENTS,
+        tests=(T_DLQ_PROPERTIES,),
+    ),
+    # issue 27 (hunt): survivors found where a doc states a number or an outcome
+    Mutant(
+        name="outbox-oldest-age-of-the-newest",
+        path="bulk_recorder/producer/outbox.py",
+        old="clock_timestamp() - min(created_at)",
+        new="clock_timestamp() - max(created_at)",
+        promise=PRODUCER,
+        tests=(T_OUTBOX_STATS,),
+    ),
+    Mutant(
+        name="outbox-backlog-counts-parked-rows",
+        path="bulk_recorder/producer/outbox.py",
+        old='FROM outbox WHERE parked_at IS NULL\n"""',
+        new='FROM outbox\n"""',
+        promise=PRODUCER,
+        tests=(T_OUTBOX_STATS,),
+    ),
+    Mutant(
+        name="pg-host-default-timeout-not-5-s",
+        path="bulk_recorder/infra/pg_hosts.py",
+        old="DEFAULT_HOST_TIMEOUT_S = 5.0\n",
+        new="DEFAULT_HOST_TIMEOUT_S = 15.0\n",
+        promise=DB_FAILOVER,
+        tests=(
+            "tests/integration/test_db_hosts.py::"
+            "test_without_connect_timeout_a_silent_host_is_given_5_seconds",
+        ),
+    ),
+    Mutant(
+        name="relay-deaf-to-notify",
+        path="bulk_recorder/producer/outbox.py",
+        old="lambda *_args: wake()",
+        new="lambda *_args: None",
+        promise=PRODUCER,
+        tests=(T_RELAY_WAKES + "test_a_notification_wakes_the_relay_long_before_its_poll",),
+    ),
+    Mutant(
+        name="relay-poll-not-1-s",
+        path="bulk_recorder/relay_settings.py",
+        old="DEFAULT_POLL_INTERVAL_S = 1.0\n",
+        new="DEFAULT_POLL_INTERVAL_S = 10.0\n",
+        promise=PRODUCER,
+        tests=(T_RELAY_WAKES + "test_without_a_notification_the_relay_polls_every_second",),
+    ),
+    Mutant(
+        name="queue-watch-not-every-5-s",
+        path="consumer/queue_watch.py",
+        old="DEFAULT_INTERVAL_S = 5.0\n",
+        new="DEFAULT_INTERVAL_S = 15.0\n",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_queue_watch.py::test_the_queue_is_looked_at_every_5_seconds",
+        ),
+    ),
+    Mutant(
+        name="idempotency-key-of-255-refused",
+        path="bulk_recorder/producer/api/body.py",
+        old="0 < len(value) <= MAX_IDEMPOTENCY_KEY_LEN",
+        new="0 < len(value) < MAX_IDEMPOTENCY_KEY_LEN",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_idempotency_keys.py::"
+            "test_the_longest_idempotency_key_is_accepted_and_replays",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="last-delivery-zero-before-the-first",
+        path="consumer/queue_watch.py",
+        old='set_to_current_time()  # "never" reads as "since start"',
+        new='set(0)  # "never" reads as "since start"',
+        promise=PRODUCER,
+        tests=(
+            "tests/unit/test_queue_watch.py::"
+            "test_before_any_delivery_the_last_delivery_time_is_the_start",
+        ),
+        fast=True,
     ),
 )

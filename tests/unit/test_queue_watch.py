@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 
@@ -40,3 +41,22 @@ async def test_no_connection_is_no_look_and_the_queue_gauges_read_unknown_not_st
     for name in ("bulk_recorder_queue_messages", "bulk_recorder_queue_consumers"):
         assert math.isnan(metrics.registry.get_sample_value(name) or 0.0), name
     assert math.isnan(metrics.registry.get_sample_value("bulk_recorder_dlq_messages") or 0.0)
+
+
+async def test_before_any_delivery_the_last_delivery_time_is_the_start() -> None:
+    """docs/reference.md: ``last_delivery_timestamp_seconds`` is the recorder's start time before
+    its first delivery. 0 would read as "no delivery for 56 years": the "nothing consumed"
+    alert would fire at every start."""
+    metrics = Metrics()
+    stop = asyncio.Event()
+    before = time.time()
+    task = asyncio.create_task(QueueWatch(metrics, "q", lambda: None).run(stop))
+    try:
+        for _ in range(100):  # the first pass sets it before its first await
+            await asyncio.sleep(0)
+            if _last(metrics):
+                break
+        assert before <= _last(metrics) <= time.time()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)

@@ -89,8 +89,17 @@ async def test_healthcheck_is_healthy_on_the_roles_own_port_and_unhealthy_when_i
         code, line = results[-1]
         assert f":{port}/healthz answered 200" in line, line
         assert line.startswith(f"healthy: {role} "), line
-        code, line = _healthcheck(env, proc.pid, "--ready")
-        assert (code, f":{port}/readyz answered 200" in line) == (0, True), line
+        # Alive comes first (the port answers before the broker and the database are reached):
+        # readiness is waited for, then its line checked.
+        ready: list[tuple[int, str]] = []
+
+        def is_ready() -> bool:
+            assert proc.poll() is None, (tmp_path / f"{role}.log").read_text()
+            ready.append(_healthcheck(env, proc.pid, "--ready"))
+            return ready[-1][0] == 0
+
+        await wait_for(is_ready, timeout=60, interval=0.5)
+        assert f":{port}/readyz answered 200" in ready[-1][1], ready[-1][1]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     code, line = _healthcheck(env, proc.pid)

@@ -83,6 +83,9 @@ def add_dlq_parser(sub: Any) -> None:
     )
     rep.add_argument("--reason", default=None, help="only this reason group (as inspect prints)")
     rep.add_argument("--dry-run", action="store_true", help="show what would move; move nothing")
+    rep.add_argument(
+        "--json", action="store_true", help="with --dry-run: the plan as one JSON document"
+    )
     rep.add_argument("--samples", type=int, default=3, help=SAMPLES_HELP)
     dis = dlq_sub.add_parser("discard", help="remove the messages of one reason for good")
     dis.add_argument("--reason", required=True, help="the reason group (as inspect prints)")

@@ -144,6 +144,9 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     if args.dlq_command == "discard":
         confirm = (lambda question: True) if args.yes else _confirmed
         return run_async(discard_dlq(settings, args.reason, confirm, samples=args.samples))
+    if args.json and not args.dry_run:
+        print("bulk-recorder dlq: --json needs --dry-run (it shows a plan)", file=sys.stderr)
+        return 2
     return run_async(
         replay_dlq(
             settings,
@@ -151,6 +154,7 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
             reason=args.reason,
             dry_run=args.dry_run,
             samples=args.samples,
+            as_json=args.json,
         )
     )
 

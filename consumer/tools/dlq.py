@@ -202,9 +202,11 @@ async def _plan(
     samples: int,
     out: TextIO,
     limit: int | None = None,
+    as_json: bool = False,
 ) -> Plan | None:
     """Show what ``action`` would take: how many messages (at most ``limit``), of which
-    groups; the messages shown. None: the broker or the DLQ could not be reached."""
+    groups (``as_json``: as one JSON document); the messages shown. None: the broker or the
+    DLQ could not be reached."""
     plan = Plan()
     wanted = _every if reason is None else _of_group(reason)
     groups = await _survey(settings, wanted, samples, plan, limit)
@@ -212,6 +214,12 @@ async def _plan(
         return None
     which = "every reason" if reason is None else f"reason {reason_group(reason)!r}"
     count = len(plan)
+    if as_json:
+        document = {"action": action, "dry_run": True, "would_move": count, "of": groups.total}
+        document["reason"] = None if reason is None else reason_group(reason)
+        document |= groups.as_json(settings.dead_letter_queue)
+        print(json.dumps(document, indent=2), file=out)
+        return plan
     first = "" if count == groups.total else f" (the first {count} of {groups.total})"
     print(f"would {action} {count} messages of {which}{first}", file=out)
     if groups.total:
@@ -274,6 +282,7 @@ async def replay_dlq(
     reason: str | None = None,
     dry_run: bool = False,
     samples: int = 3,
+    as_json: bool = False,
 ) -> int:
     """Move up to ``limit`` messages (all by default; with ``reason``, of that group only)
     back to the main exchange. With ``reason`` or ``dry_run``, first show what would move; a
@@ -281,11 +290,12 @@ async def replay_dlq(
     out = out or sys.stdout
     planned = None
     if reason is not None or dry_run:
-        planned = await _plan(settings, "replay", reason, samples, out, limit)
+        planned = await _plan(settings, "replay", reason, samples, out, limit, as_json and dry_run)
         if planned is None:
             return 1
         if dry_run:
-            print("dry run: nothing moved", file=out)
+            if not as_json:
+                print("dry run: nothing moved", file=out)
             return 0
     done = Pass(_every if reason is None else _of_group(reason), plan=planned)
     if not await done.over(settings, _replay_to(settings), limit):

@@ -242,6 +242,17 @@ async def test_cli_dlq_by_reason(make_settings, broker: Broker) -> None:
     limited = await asyncio.to_thread(cli, "replay", "--dry-run", "--limit", "1")
     assert limited.returncode == 0, limited
     assert "would replay 1 messages of every reason (the first 1 of 3)" in limited.stdout
+    as_json = await asyncio.to_thread(
+        cli, "replay", "--reason", "invalid JSON", "--dry-run", "--json"
+    )
+    assert as_json.returncode == 0, as_json
+    plan = json.loads(as_json.stdout)  # one document, nothing else on stdout
+    assert (plan["action"], plan["dry_run"], plan["would_move"]) == ("replay", True, 2)
+    assert (plan["reason"], plan["of"]) == ("invalid JSON", 2)
+    assert {g["reason"]: g["count"] for g in plan["groups"]} == {"invalid JSON": 2}
+    refused = await asyncio.to_thread(cli, "replay", "--json")
+    assert refused.returncode == 2, refused  # --json only shows a plan: it needs --dry-run
+    assert "--json needs --dry-run" in refused.stderr
     declined = await asyncio.to_thread(cli, "discard", "--reason", "invalid JSON", stdin="n\n")
     assert declined.returncode == 1, declined
     assert "nothing discarded" in declined.stdout

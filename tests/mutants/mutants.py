@@ -1846,4 +1846,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    # issue 29: the dry run's plan as JSON
+    Mutant(
+        name="dry-run-json-printed-as-text",
+        path="consumer/tools/dlq.py",
+        old="    if as_json:\n        document = {",
+        new="    if False:\n        document = {",
+        promise=DLQ_BY_REASON,
+        tests=(T_BY_REASON + "test_cli_dlq_by_reason",),
+    ),
 )

@@ -22,6 +22,7 @@ from bulk_recorder.producer.key_store import (
     list_keys,
     revoke_keys,
 )
+from consumer.arguments import confirmed
 
 # The drivers when the command runs: `bulk-recorder --help` builds this parser.
 if TYPE_CHECKING:
@@ -95,7 +96,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
         live = [k for k in await list_keys(conn) if k.revoked_at is None]
         several = [k for k in live if k.name == args.name_or_id]
         question = f"revoke all {len(several)} live keys of client {args.name_or_id!r}? [y/N] "
-        if len(several) > 1 and not args.yes and not _confirmed(question):
+        if len(several) > 1 and not args.yes and not confirmed(question):
             print("nothing revoked", file=sys.stderr)
             return 1
         for k in await revoke_keys(conn, args.name_or_id):
@@ -115,12 +116,3 @@ def _as_json(key: ApiKey) -> dict[str, Any]:
         "created_at": key.created_at.isoformat(),
         "revoked_at": revoked,
     }
-
-
-def _confirmed(question: str) -> bool:
-    """Ask on the terminal; anything but y/yes (or no answer at all) is a no."""
-    try:
-        answer = input(question)
-    except EOFError:
-        return False
-    return answer.strip().lower() in ("y", "yes")

@@ -1,6 +1,7 @@
 """The CLI's argument parsing: the help formatter that shows every default, the value types
 of its options, and the parsers of the load generator and the DLQ commands (``consumer.cli``
-assembles them). Only the standard library at import time: ``--help`` stays cheap."""
+assembles them), and the one yes/no question the CLI asks. Only the standard library at import
+time: ``--help`` stays cheap."""
 
 from __future__ import annotations
 
@@ -115,3 +116,12 @@ def fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError("must be between 0 and 1")
     return value
+
+
+def confirmed(question: str) -> bool:
+    """Ask on the terminal; anything but y/yes (or no answer at all) is a no."""
+    try:
+        answer = input(question)
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")

@@ -24,6 +24,7 @@ from consumer.arguments import (
     HelpfulParser,
     add_dlq_parser,
     add_load_parsers,
+    confirmed,
     positive_int,
     role_prefix,
 )
@@ -126,15 +127,6 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(run_demo(settings, count=args.count, via=args.via))
 
 
-def _confirmed(question: str) -> bool:
-    """Ask on the terminal; anything but y/yes (or no answer at all) is a no."""
-    try:
-        answer = input(question)
-    except EOFError:
-        return False
-    return answer.strip().lower() in ("y", "yes")
-
-
 def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     from consumer.runner import run_async
     from consumer.tools.dlq import discard_dlq, inspect_dlq, replay_dlq
@@ -142,7 +134,7 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     if args.dlq_command == "inspect":
         return run_async(inspect_dlq(settings, samples=args.samples, as_json=args.json))
     if args.dlq_command == "discard":
-        confirm = (lambda question: True) if args.yes else _confirmed
+        confirm = (lambda question: True) if args.yes else confirmed
         return run_async(discard_dlq(settings, args.reason, confirm, samples=args.samples))
     if args.json and not args.dry_run:
         print("bulk-recorder dlq: --json needs --dry-run (it shows a plan)", file=sys.stderr)

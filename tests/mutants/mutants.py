@@ -42,8 +42,11 @@ EXACT_AMOUNTS = "Amounts are exact"
 BAD_DATA = "Bad data never holds the batch"
 DLQ_BY_REASON = "The DLQ is worked by reason"
 OTHER_CLIENTS = "Messages from other clients"
+TIME_ORDERED_IDS = "Ids this project makes are time-ordered"
+RETENTION = "Tables that only grow have a window"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
+T_IDS = "tests/unit/test_ids.py::"
 T_DLQ_PROPERTIES = (
     "tests/integration/test_dlq_properties.py::"
     "test_dead_letter_and_replay_keep_the_message_properties"
@@ -1854,5 +1857,30 @@ MUTANTS: tuple[Mutant, ...] = (
         new="    if False:\n        document = {",
         promise=DLQ_BY_REASON,
         tests=(T_BY_REASON + "test_cli_dlq_by_reason",),
+    ),
+    # issue 28 (growth): time-ordered ids; retention in bounded batches
+    Mutant(
+        name="uuid7-falls-back-to-v4",
+        path="bulk_recorder/infra/ids.py",
+        old="    return str(uuid.UUID(int=value))\n",
+        new="    return str(uuid.uuid4())\n",
+        promise=TIME_ORDERED_IDS,
+        tests=(
+            T_IDS + "test_version_and_variant_bits_are_rfc_9562_v7",
+            T_IDS + "test_ids_are_strictly_increasing_across_calls",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="uuid7-counter-not-raised-within-a-millisecond",
+        path="bulk_recorder/infra/ids.py",
+        old="            elif self.counter < _COUNTER_MAX:\n                self.counter += 1\n",
+        new=(
+            "            elif self.counter < _COUNTER_MAX:\n"
+            "                self.counter = rng.getrandbits(11)\n"
+        ),
+        promise=TIME_ORDERED_IDS,
+        tests=(T_IDS + "test_order_holds_within_one_millisecond_and_past_the_counter",),
+        fast=True,
     ),
 )

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
+from bulk_recorder.producer.api.job_status import COMPLETE_JOB, RECORDED
+
 if TYPE_CHECKING:
     from bulk_recorder.infra.db import Connection
 
@@ -46,14 +48,6 @@ SELECT id, accepted, dead_lettered FROM credit_annotation_jobs
 WHERE created_at < $1 AND completed_at IS NULL AND request_hash IS NOT NULL
   AND published + dead_lettered >= accepted
 ORDER BY created_at LIMIT $2
-"""
-_RECORDED = """
-SELECT (SELECT count(*) FROM credit_annotations WHERE job_id = $1)
-     + (SELECT count(*) FROM credit_annotation_job_repeats WHERE job_id = $1)
-"""
-_COMPLETE = """
-UPDATE credit_annotation_jobs SET recorded = $2, completed_at = clock_timestamp()
-WHERE id = $1 AND completed_at IS NULL
 """
 _EXPIRED_JOBS = """
 SELECT id FROM credit_annotation_jobs
@@ -155,9 +149,9 @@ async def _complete_done_jobs(conn: Connection, policy: Retention, cutoff: datet
     marked = 0
     rows = await conn.fetch(_DONE_UNMARKED, cutoff, policy.batch_size)
     for row in rows:
-        recorded = int(await conn.fetchval(_RECORDED, row["id"]))
+        recorded = int(await conn.fetchval(RECORDED, row["id"]))
         if recorded + int(row["dead_lettered"]) >= int(row["accepted"]):
-            await conn.execute(_COMPLETE, row["id"], recorded)
+            await conn.execute(COMPLETE_JOB, row["id"], recorded)
             marked += 1
     return marked
 

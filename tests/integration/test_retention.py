@@ -175,14 +175,18 @@ async def _run_with_writer(
         await conn.close()
 
 
-async def test_a_new_request_never_waits_on_a_long_retention_batch(database_url: str) -> None:
-    """A deliberately large batch holds its transaction open for long; new writers pass."""
+async def _prefilled(database_url: str, requests: int) -> None:
     await migrate(database_url)
     conn = await asyncpg.connect(database_url)
     try:
-        await _old_requests(conn, 150_000, days=40)
+        await _old_requests(conn, requests, days=40)
     finally:
         await conn.close()
+
+
+async def test_a_new_request_never_waits_on_a_long_retention_batch(database_url: str) -> None:
+    """A deliberately large batch holds its transaction open for long; new writers pass."""
+    await _prefilled(database_url, 150_000)
     policy = Retention(idempotency_days=30, job_days=30, batch_size=150_000)
     started = time.perf_counter()
     done, waits = await _run_with_writer(database_url, policy, retry_oldest=False)
@@ -199,12 +203,7 @@ async def test_a_retried_request_being_removed_waits_less_than_the_bound(
 ) -> None:
     """The writer retries the very request the current batch removes: it waits for that batch
     alone, which the batch bound keeps short (a run in one batch would hold it for the whole)."""
-    await migrate(database_url)
-    conn = await asyncpg.connect(database_url)
-    try:
-        await _old_requests(conn, 150_000, days=40)
-    finally:
-        await conn.close()
+    await _prefilled(database_url, 150_000)
     policy = Retention(idempotency_days=30, job_days=30)
     done, waits = await _run_with_writer(database_url, policy, retry_oldest=True)
     assert waits, "the writer did not run while the retention did"

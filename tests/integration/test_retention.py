@@ -17,20 +17,15 @@ import pytest
 
 from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.producer.api.transactions import (
+    _INSERT_REQUEST as INSERT_REQUEST,  # the API's own
+)
 from bulk_recorder.producer.retention import Removed, Retention, remove_expired
 from tests.conftest import run_cli, settings_env
 
 pytestmark = [pytest.mark.postgres]
 
 WRITER_WAIT_BOUND_S = 0.100  # the issue's target: no writer waits on retention longer
-# The API's own insert (bulk_recorder/producer/api/transactions.py), as a retried or new request.
-INSERT_REQUEST = """
-INSERT INTO transaction_requests (transaction_id, idempotency_key, request_hash, mode, status_code,
-                                  client)
-VALUES ($1, $2, $3, 'async', 202, 'c')
-ON CONFLICT DO NOTHING
-RETURNING true
-"""
 JOB = """
 INSERT INTO credit_annotation_jobs (id, idempotency_key, request_hash, content_type, accepted,
     published, dead_lettered, recorded, created_at, completed_at, client)
@@ -156,7 +151,7 @@ async def _write_while(
             else:
                 txid = uuid.UUID(uuid7())
             started = time.perf_counter()
-            await conn.fetchval(INSERT_REQUEST, txid, None, b"\x01")
+            await conn.fetchval(INSERT_REQUEST, txid, None, b"\x01", "async", 202, "c")
             waits.append(time.perf_counter() - started)
     finally:
         await conn.close()

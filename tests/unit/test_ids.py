@@ -9,6 +9,7 @@ from itertools import pairwise
 
 import pytest
 
+from bulk_recorder.infra import ids
 from bulk_recorder.infra.ids import uuid7
 
 
@@ -40,7 +41,8 @@ def test_ids_are_strictly_increasing_across_calls() -> None:
 def test_order_holds_within_one_millisecond_and_past_the_counter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    frozen = (time.time_ns() // 1_000_000 + 10_000) * 1_000_000  # ahead of every id made so far
+    monkeypatch.setattr(ids, "_CLOCK", ids._Clock())  # the process's own order left as it was
+    frozen = time.time_ns()
     monkeypatch.setattr(time, "time_ns", lambda: frozen)
     made = [uuid.UUID(uuid7()).int for _ in range(10_000)]  # more than a 12-bit counter holds
     assert all(a < b for a, b in pairwise(made))
@@ -50,6 +52,7 @@ def test_order_holds_within_one_millisecond_and_past_the_counter(
 
 
 def test_order_holds_when_the_clock_steps_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ids, "_CLOCK", ids._Clock())
     first = uuid.UUID(uuid7()).int
     monkeypatch.setattr(time, "time_ns", lambda: 0)
     assert uuid.UUID(uuid7()).int > first

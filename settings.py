@@ -20,6 +20,7 @@ from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
 from bulk_recorder.masking import masked
 from bulk_recorder.otel_settings import OtelSettings
 from bulk_recorder.relay_settings import RelaySettings
+from bulk_recorder.retention_settings import RetentionSettings
 
 # PostgreSQL's bind-parameter limit per statement (a 16-bit counter in the wire protocol).
 PG_MAX_PARAMETERS = 65_535
@@ -36,7 +37,7 @@ class SettingsError(BulkRecorderError, ValueError):
     exit_code = EXIT_SETTINGS
 
 
-class Settings(RelaySettings, OtelSettings):
+class Settings(RelaySettings, RetentionSettings, OtelSettings):
     """Typed view of the environment: field ``foo_bar`` is ``FOO_BAR`` (``OTEL_*``: the base)."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)

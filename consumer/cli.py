@@ -51,6 +51,7 @@ ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
     "demo": ("database", "broker"),
     "api-key": ("database",),
     "outbox": ("database",),
+    "retention": ("database",),
 }
 # Long-running commands wait for a service that is down, but not for a certificate that their
 # settings refuse: with TLS configured, they try it once at start-up.
@@ -175,10 +176,17 @@ def cmd_outbox(settings: Settings, args: argparse.Namespace) -> int:
     return run_outbox(settings, args)
 
 
+def cmd_retention(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.tools.retention import cmd_retention as run_retention
+
+    return run_retention(settings, args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # the modules whose parsers these are: not imported by the health check, which has its own
     from consumer import api_keys
     from consumer.tools import outbox as outbox_tool
+    from consumer.tools import retention as retention_tool
     from consumer.tools import tune
 
     parser: argparse.ArgumentParser = HelpfulParser(
@@ -223,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     api_keys.add_parser(sub)
     outbox_tool.add_parser(sub)
+    retention_tool.add_parser(sub)
     tune.add_parser(sub)
     healthcheck.add_parser(sub)
     return parser
@@ -238,6 +247,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "relay": cmd_relay,
     "api-key": cmd_api_key,
     "outbox": cmd_outbox,
+    "retention": cmd_retention,
 }
 
 

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Final, Literal
 
 from bulk_recorder.exceptions import EXIT_SETTINGS, EXIT_UNREACHABLE, BulkRecorderError
+from bulk_recorder.infra.ids import uuid7
 
 # The driver's types, for the annotations only: `bulk-recorder --help` imports this module.
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ async def create_key(
     row = await conn.fetchrow(
         f"INSERT INTO api_keys (id, name, key_hash, prefix, scopes) VALUES ($1, $2, $3, $4, $5)"
         f" RETURNING {_KEY_COLUMNS}",
-        uuid.uuid4(),
+        uuid7(),
         name,
         hash_key(key),
         key[:_SHOWN_PREFIX_LEN],

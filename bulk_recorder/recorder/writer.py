@@ -28,7 +28,6 @@ changes nothing.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -39,6 +38,7 @@ import asyncpg
 
 from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.errors import classify, renew_if_server_gone
+from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.recorder.statements import (
     ANNOTATION_COLUMNS,
     APPLY_BALANCES,
@@ -275,7 +275,7 @@ def _probe_records() -> tuple[Transaction, CreditAnnotation]:
     """Fresh ids each time, so that the insert is new and its operations and balance run."""
 
     def new_id() -> str:
-        return str(uuid.uuid4())
+        return uuid7()
 
     amount = Decimal(1)
     debit = Operation(new_id(), new_id(), "DEBIT", amount, "XPR")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bulk_recorder.infra import pg_hosts
+from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.key_store import create_key, revoke_keys
 from consumer.tools.demo_support import ProgressLine, free_port, http_get
@@ -292,7 +293,7 @@ async def _run_job(
     gen = Generator.create()
     chunks, ids, invalid = build_job(gen, count)
     size_mb = sum(len(c) for c in chunks) / 1_048_576
-    key = f"demo-{uuid.uuid4()}"
+    key = f"demo-{uuid7()}"
     headers = {"Content-Type": "application/x-ndjson", "Idempotency-Key": key}
     refused_without_key = await _refused_without_key(api_port, headers, chunks, auth)
     started = time.perf_counter()

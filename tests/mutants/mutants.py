@@ -42,8 +42,12 @@ EXACT_AMOUNTS = "Amounts are exact"
 BAD_DATA = "Bad data never holds the batch"
 DLQ_BY_REASON = "The DLQ is worked by reason"
 OTHER_CLIENTS = "Messages from other clients"
+TIME_ORDERED_IDS = "Ids this project makes are time-ordered"
+RETENTION = "Tables that only grow have a window"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
+T_IDS = "tests/unit/test_ids.py::"
+T_RETENTION = "tests/integration/test_retention.py::"
 T_DLQ_PROPERTIES = (
     "tests/integration/test_dlq_properties.py::"
     "test_dead_letter_and_replay_keep_the_message_properties"
@@ -1854,5 +1858,75 @@ MUTANTS: tuple[Mutant, ...] = (
         new="    if False:\n        document = {",
         promise=DLQ_BY_REASON,
         tests=(T_BY_REASON + "test_cli_dlq_by_reason",),
+    ),
+    # issue 28 (growth): time-ordered ids; retention in bounded batches
+    Mutant(
+        name="uuid7-falls-back-to-v4",
+        path="bulk_recorder/infra/ids.py",
+        old="    return str(uuid.UUID(int=value))\n",
+        new="    return str(uuid.uuid4())\n",
+        promise=TIME_ORDERED_IDS,
+        tests=(
+            T_IDS + "test_version_and_variant_bits_are_rfc_9562_v7",
+            T_IDS + "test_ids_are_strictly_increasing_across_calls",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="uuid7-counter-not-raised-within-a-millisecond",
+        path="bulk_recorder/infra/ids.py",
+        old="            elif self.counter < _COUNTER_MAX:\n                self.counter += 1\n",
+        new=(
+            "            elif self.counter < _COUNTER_MAX:\n"
+            "                self.counter = rng.getrandbits(11)\n"
+        ),
+        promise=TIME_ORDERED_IDS,
+        tests=(T_IDS + "test_order_holds_within_one_millisecond_and_past_the_counter",),
+        fast=True,
+    ),
+    Mutant(
+        name="retention-window-in-hours",
+        path="bulk_recorder/producer/retention.py",
+        old='_CUTOFF = "SELECT now() - make_interval(days => $1)"',
+        new='_CUTOFF = "SELECT now() - make_interval(hours => $1)"',
+        promise=RETENTION,
+        tests=(T_RETENTION + "test_past_the_window_goes_inside_it_stays_and_unfinished_jobs_stay",),
+        fast=True,
+    ),
+    Mutant(
+        name="retention-removes-unfinished-jobs",
+        path="bulk_recorder/producer/retention.py",
+        old="WHERE created_at < $1 AND completed_at IS NOT NULL AND dead_lettered = 0",
+        new="WHERE created_at < $1 AND dead_lettered = 0",
+        promise=RETENTION,
+        tests=(T_RETENTION + "test_past_the_window_goes_inside_it_stays_and_unfinished_jobs_stay",),
+        fast=True,
+    ),
+    Mutant(
+        name="retention-removes-jobs-with-parked-rows",
+        path="bulk_recorder/producer/retention.py",
+        old="WHERE created_at < $1 AND completed_at IS NOT NULL AND dead_lettered = 0",
+        new="WHERE created_at < $1 AND completed_at IS NOT NULL",
+        promise=RETENTION,
+        tests=(T_RETENTION + "test_past_the_window_goes_inside_it_stays_and_unfinished_jobs_stay",),
+    ),
+    Mutant(
+        name="retention-batch-unbounded",
+        path="bulk_recorder/producer/retention.py",
+        old="status = await conn.execute(sql, *args, policy.batch_size)",
+        new="status = await conn.execute(sql, *args, policy.batch_size * 1_000)",
+        promise=RETENTION,
+        tests=(
+            T_RETENTION + "test_every_batch_holds_at_most_batch_size_rows",
+            T_RETENTION + "test_a_retried_request_being_removed_waits_less_than_the_bound",
+        ),
+    ),
+    Mutant(
+        name="retention-locks-the-table",
+        path="bulk_recorder/producer/retention.py",
+        old='await conn.execute(f"SET LOCAL lock_timeout = {int(policy.lock_timeout_ms)}")',
+        new='await conn.execute("LOCK TABLE transaction_requests IN SHARE ROW EXCLUSIVE MODE")',
+        promise=RETENTION,
+        tests=(T_RETENTION + "test_a_new_request_never_waits_on_a_long_retention_batch",),
     ),
 )

@@ -22,13 +22,24 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["JOB_BY_ID", "JobState", "JobStatus", "job_status"]
+__all__ = ["COMPLETE_JOB", "JOB_BY_ID", "RECORDED", "JobState", "JobStatus", "job_status"]
 
 JobState = Literal["publishing", "stalled", "recording", "completed"]
 
 # The job row, with its age, the time since the relay last published one of its rows, and the
 # time since it last published any row (006_outbox_relay_activity.sql; the jobs' latest, an
 # index scan, also counts: see 004_job_last_published.sql).
+# A job's recorded lines: its own rows, plus its lines whose id was already stored (under another
+# job or none), which the recorder lists in credit_annotation_job_repeats.
+RECORDED = """
+SELECT (SELECT count(*) FROM credit_annotations WHERE job_id = $1)
+     + (SELECT count(*) FROM credit_annotation_job_repeats WHERE job_id = $1)
+"""
+COMPLETE_JOB = """
+UPDATE credit_annotation_jobs SET recorded = $2, completed_at = clock_timestamp()
+WHERE id = $1 AND completed_at IS NULL
+RETURNING completed_at
+"""
 JOB_BY_ID = """
 SELECT *,
        extract(epoch FROM clock_timestamp() - created_at)::float8 AS age_s,

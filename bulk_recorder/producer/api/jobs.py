@@ -27,7 +27,7 @@ from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.producer.api.auth import Principal
 from bulk_recorder.producer.api.body import body_chunks, check_declared_length
 from bulk_recorder.producer.api.context import ApiContext, db_failure
-from bulk_recorder.producer.api.job_status import JOB_BY_ID, JobStatus
+from bulk_recorder.producer.api.job_status import COMPLETE_JOB, JOB_BY_ID, RECORDED, JobStatus
 from bulk_recorder.producer.api.job_status import job_status as build_job_status
 from bulk_recorder.producer.api.models import JobAccepted, LineRejection
 from bulk_recorder.producer.api.problems import (
@@ -60,17 +60,6 @@ ON CONFLICT (client, idempotency_key) DO NOTHING
 RETURNING true
 """
 _JOB_BY_KEY = "SELECT * FROM credit_annotation_jobs WHERE idempotency_key = $1 AND client = $2"
-# A job's recorded lines: its own rows, plus its lines whose id was already stored (under another
-# job or none), which the recorder lists in credit_annotation_job_repeats.
-_RECORDED = """
-SELECT (SELECT count(*) FROM credit_annotations WHERE job_id = $1)
-     + (SELECT count(*) FROM credit_annotation_job_repeats WHERE job_id = $1)
-"""
-_COMPLETE_JOB = """
-UPDATE credit_annotation_jobs SET recorded = $2, completed_at = clock_timestamp()
-WHERE id = $1 AND completed_at IS NULL
-RETURNING completed_at
-"""
 
 
 def _job_accepted(row: asyncpg.Record | dict[str, Any]) -> JobAccepted:
@@ -254,7 +243,7 @@ async def _recorded(
     cached = ctx.recorded_cache.get(job_id)
     if cached is not None and now - cached[0] < RECORDED_COUNT_TTL_S:
         return cached[1]
-    recorded = int(await conn.fetchval(_RECORDED, job_id))
+    recorded = int(await conn.fetchval(RECORDED, job_id))
     if len(ctx.recorded_cache) >= _RECORDED_CACHE_MAX:
         ctx.recorded_cache.clear()
     ctx.recorded_cache[job_id] = (now, recorded)
@@ -275,7 +264,7 @@ async def job_status(ctx: ApiContext, job_id: uuid.UUID, principal: Principal) -
             else:
                 recorded = await _recorded(ctx, conn, job_id)
                 if recorded + dead >= accepted:
-                    completed_at = await conn.fetchval(_COMPLETE_JOB, job_id, recorded)
+                    completed_at = await conn.fetchval(COMPLETE_JOB, job_id, recorded)
                     ctx.recorded_cache.pop(job_id, None)
     except ApiError:
         raise

@@ -288,9 +288,10 @@ async def test_missing_dlq_is_an_error(make_settings) -> None:
 
 async def test_inspect_leaves_the_dlq_in_its_order(make_settings, broker: Broker) -> None:
     settings = make_settings()
-    for n in range(120):
+    # 600: 38 batches of nacks, so that batches sent without their pacing are reordered for sure
+    for n in range(600):
         await dead_letter(broker, b"%03d" % n, "transaction", ours(f"reason {n % 3}"))
     before = await dlq_contents(broker, settings.dead_letter_queue)
-    assert [body for body, _, _ in before] == [b"%03d" % n for n in range(120)]
+    assert [body for body, _, _ in before] == [b"%03d" % n for n in range(600)]
     assert await inspect_dlq(settings, out=io.StringIO()) == 0
     assert await dlq_contents(broker, settings.dead_letter_queue) == before

@@ -1939,4 +1939,16 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=RETENTION,
         tests=(T_RETENTION + "test_a_new_request_never_waits_on_a_long_retention_batch",),
     ),
+    # every literal default docs/settings.md states is the code's (a window or bound changed alone)
+    Mutant(
+        name="retention-default-not-the-documented-30-days",
+        path="bulk_recorder/retention_settings.py",
+        old="DEFAULT_RETENTION_DAYS = 30\n",
+        new="DEFAULT_RETENTION_DAYS = 31\n",
+        promise="Documented defaults are the code's",
+        tests=(
+            "tests/unit/test_settings.py::test_every_default_docs_settings_states_is_the_codes",
+        ),
+        fast=True,
+    ),
 )

@@ -170,3 +170,34 @@ def test_a_malformed_node_list_names_rabbitmq_url_and_hides_passwords(
     assert message.startswith("invalid settings: RABBITMQ_URL:"), message
     assert expected in message, message
     assert "secret" not in message, message
+
+
+# Documented defaults the code derives rather than holds (the field's default is None).
+DERIVED_DEFAULTS = {"OTEL_SERVICE_NAME"}
+
+
+def test_every_default_docs_settings_states_is_the_codes() -> None:
+    """docs/settings.md's table gives each variable's default as a literal: the code's field
+    default is that value (a bound or a retention window changed in one place only shows here)."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+    rows = re.findall(r"^\| `([A-Z0-9_]+)` \| `([^`]*)` \|", page.read_text(), re.M)
+    assert len(rows) >= 30, "the settings table was not found"
+    differ = []
+    for name, documented in rows:
+        field = Settings.model_fields.get(name.lower())
+        assert field is not None, f"docs/settings.md documents {name}, which no setting reads"
+        if name in DERIVED_DEFAULTS:
+            continue
+        default = field.default
+        if isinstance(default, bool):
+            same = documented == str(default).lower()
+        elif isinstance(default, int | float):
+            same = float(documented) == float(default)
+        else:
+            same = documented == str(default)
+        if not same:
+            differ.append(f"{name}: documented {documented!r}, code {default!r}")
+    assert differ == []

@@ -189,3 +189,10 @@ BEGIN
         ON credit_annotations (job_id) WHERE job_id IS NOT NULL;
 END
 $partition$;
+
+-- The span `bulk-recorder partitions` makes new partitions with (set by its --span).
+CREATE TABLE IF NOT EXISTS ledger_partitioning (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    span     text NOT NULL DEFAULT 'week' CHECK (span IN ('day', 'week', 'month'))
+);
+INSERT INTO ledger_partitioning (only_row) VALUES (true) ON CONFLICT DO NOTHING;

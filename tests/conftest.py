@@ -97,7 +97,8 @@ LEDGER_LAYOUTS = ("plain", "partitioned")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.definition.get_closest_marker("ledger_layouts") is not None:
+    marked = metafunc.definition.get_closest_marker("ledger_layouts") is not None
+    if marked and "ledger_layout" in metafunc.fixturenames:
         metafunc.parametrize("ledger_layout", LEDGER_LAYOUTS, indirect=True)
 
 

@@ -37,7 +37,7 @@ RETURN to_timestamp(
     ('x' || lpad(substr(replace(id::text, '-', ''), 1, 12), 16, '0'))::bit(64)::bigint / 1000.0
 );
 
--- The [lower, upper) bounds of a partition of `parent`, NULL for MINVALUE/MAXVALUE/DEFAULT.
+-- The [lower, upper) bounds of the range partitions of `parent` (NULL: MINVALUE/MAXVALUE).
 CREATE OR REPLACE FUNCTION bulk_recorder_partitions(parent regclass)
 RETURNS TABLE (partition regclass, lower uuid, upper uuid)
 LANGUAGE sql STABLE
@@ -48,7 +48,7 @@ AS $$
     FROM pg_inherits AS i
     JOIN pg_class AS c ON c.oid = i.inhrelid
     CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS bound) AS b
-    WHERE i.inhparent = parent
+    WHERE i.inhparent = parent AND b.bound <> 'DEFAULT'
 $$;
 
 -- Create the partitions of the three ledger tables covering [from_at, to_at), one per `span`

@@ -230,6 +230,7 @@ async def test_a_record_in_no_partition_is_dead_lettered_alone_with_the_reason(
     v4_operation["operations"][1]["id"] = str(uuid.uuid4())
     annotation = {**gen.credit_annotation(), "id": str(uuid.uuid4())}
     refused = [v4, too_old, v4_operation, annotation]
+    messages: list[tuple[bytes, str | None]]
     messages = [(json.dumps(t).encode(), "transaction") for t in good[:10]]
     messages += [(json.dumps(t).encode(), "transaction") for t in refused[:3]]
     messages += [(json.dumps(annotation).encode(), "credit_annotation")]

@@ -21,6 +21,7 @@ import pytest
 from bulk_recorder.infra import partitions
 from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.infra.migrate import migrate
+from bulk_recorder.infra.roles import grant_roles, role_names
 from consumer.delivery import ERROR_HEADER
 from consumer.tools.generator import Generator
 from tests.conftest import (
@@ -159,6 +160,34 @@ async def test_the_partitioned_tables_keep_every_column_constraint_index_and_key
         await admin.close()
     plain, partitioned = shapes
     assert plain == partitioned
+
+
+async def test_the_privileges_granted_on_the_ledger_tables_are_kept(database_url: str) -> None:
+    """Grants made before --apply (migrate --grant-roles) hold on the new tables."""
+    await migrate(database_url)
+    prefix = unique_name("brpart")
+    conn = await asyncpg.connect(database_url)
+    try:
+        await grant_roles(conn, prefix)
+        before = await _privileges(conn)
+        assert {grantee for _, grantee, _ in before} == {f"{prefix}_recorder", f"{prefix}_api"}
+        await partitions.apply_layout(conn, "day")
+        assert await _privileges(conn) == before
+    finally:
+        for role in role_names(prefix):
+            await conn.execute(f"DROP OWNED BY {role}")
+            await conn.execute(f"DROP ROLE {role}")
+        await conn.close()
+
+
+async def _privileges(conn: asyncpg.Connection) -> list[tuple[str, str, str]]:
+    rows = await conn.fetch(
+        "SELECT c.relname, a.grantee::regrole::text, a.privilege_type"
+        " FROM pg_class AS c CROSS JOIN LATERAL aclexplode(c.relacl) AS a"
+        " WHERE c.relname = ANY($1) AND a.grantee <> c.relowner ORDER BY 1, 2, 3",
+        list(partitions.LEDGER_TABLES),
+    )
+    return [tuple(r) for r in rows]
 
 
 async def _shape(conn: asyncpg.Connection) -> dict[str, Any]:

@@ -6,7 +6,7 @@
 -- `transactions`, `operations` and `credit_annotations` with tables of the same columns,
 -- constraints, indexes and foreign key, partitioned BY RANGE (id). Run it again and it changes
 -- nothing; run it on a ledger table that holds rows and it refuses (SQLSTATE 55000), touching
--- nothing. Grants are on the tables: run `bulk-recorder migrate --grant-roles` after it.
+-- nothing. The privileges granted on the three tables are granted again on the new ones.
 --
 -- Why a range of ids is a range of time: a UUIDv7 (RFC 9562) starts with its 48-bit Unix
 -- millisecond timestamp, and PostgreSQL orders uuids byte by byte, so every v7 id made in
@@ -119,6 +119,8 @@ DO $partition$
 DECLARE
     ledger   text;
     has_rows boolean;
+    granted  record;
+    grants   text[] := '{}';
 BEGIN
     IF (SELECT count(*) FROM pg_partitioned_table AS p
         WHERE p.partrelid IN (to_regclass('transactions'), to_regclass('operations'),
@@ -139,6 +141,17 @@ BEGIN
                             'they are empty (this never moves or deletes a ledger row)', ledger
                 USING ERRCODE = 'object_not_in_prerequisite_state';
         END IF;
+    END LOOP;
+    -- the privileges granted on the tables (grants.sql's), given again to the new ones
+    FOR granted IN
+        SELECT c.relname, a.privilege_type, a.grantee::regrole::text AS grantee
+        FROM pg_class AS c CROSS JOIN LATERAL aclexplode(c.relacl) AS a
+        WHERE c.oid IN ('operations'::regclass, 'transactions'::regclass,
+                        'credit_annotations'::regclass)
+          AND a.grantee <> c.relowner AND a.grantee <> 0
+    LOOP
+        grants := grants || format('GRANT %s ON %I TO %s', granted.privilege_type,
+                                   granted.relname, granted.grantee);
     END LOOP;
     DROP TABLE operations;
     DROP TABLE transactions;
@@ -187,6 +200,9 @@ BEGIN
     CREATE INDEX credit_annotations_document_idx ON credit_annotations (document);
     CREATE INDEX credit_annotations_job_idx
         ON credit_annotations (job_id) WHERE job_id IS NOT NULL;
+    FOREACH ledger IN ARRAY grants LOOP
+        EXECUTE ledger;
+    END LOOP;
 END
 $partition$;
 

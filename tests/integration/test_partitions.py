@@ -162,6 +162,27 @@ async def test_the_partitioned_tables_keep_every_column_constraint_index_and_key
     assert plain == partitioned
 
 
+async def test_a_later_migrations_change_to_a_ledger_table_carries_over(database_url: str) -> None:
+    """The partitioned tables are built from the catalog, not from a copy of 001: an index
+    dropped or added, a column or a check added by a later migration, is in them too."""
+    await migrate(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "DROP INDEX operations_account_idx;"
+            " CREATE INDEX operations_account_asset_idx ON operations (account_id, asset_code);"
+            " ALTER TABLE transactions ADD COLUMN source text NOT NULL DEFAULT 'queue'"
+            "  CONSTRAINT transactions_source_check CHECK (source <> '');"
+            " CREATE UNIQUE INDEX credit_annotations_job_document_idx"
+            "  ON credit_annotations (id, job_id, document);"
+        )
+        before = await _shape(conn)
+        await partitions.apply_layout(conn, "day")
+        assert await _shape(conn) == before
+    finally:
+        await conn.close()
+
+
 async def test_the_privileges_granted_on_the_ledger_tables_are_kept(database_url: str) -> None:
     """Grants made before --apply (migrate --grant-roles) hold on the new tables."""
     await migrate(database_url)

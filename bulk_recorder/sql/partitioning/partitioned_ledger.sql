@@ -118,9 +118,10 @@ $$;
 DO $partition$
 DECLARE
     ledger   text;
+    ledgers  oid[];
     has_rows boolean;
-    granted  record;
-    grants   text[] := '{}';
+    item     record;
+    rebuild  text[] := '{}';
 BEGIN
     IF (SELECT count(*) FROM pg_partitioned_table AS p
         WHERE p.partrelid IN (to_regclass('transactions'), to_regclass('operations'),
@@ -132,6 +133,8 @@ BEGIN
         RAISE EXCEPTION 'the ledger tables are missing: run bulk-recorder migrate first'
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
+    ledgers := ARRAY['transactions'::regclass, 'operations'::regclass,
+                     'credit_annotations'::regclass]::oid[];
     FOREACH ledger IN ARRAY ARRAY['operations', 'transactions', 'credit_annotations'] LOOP
         -- locked first, so that no insert lands between the check and the drop
         EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', ledger);
@@ -142,65 +145,42 @@ BEGIN
                 USING ERRCODE = 'object_not_in_prerequisite_state';
         END IF;
     END LOOP;
-    -- the privileges granted on the tables (grants.sql's), given again to the new ones
-    FOR granted IN
-        SELECT c.relname, a.privilege_type, a.grantee::regrole::text AS grantee
+    -- What the migrations made of the tables, read from the catalog so that a later migration's
+    -- change carries over: keys and indexes, then foreign keys, then the privileges granted.
+    FOR item IN
+        SELECT 1 AS step, pg_get_indexdef(i.indexrelid) AS ddl
+        FROM pg_index AS i
+        WHERE i.indrelid = ANY(ledgers)
+          AND NOT EXISTS (SELECT FROM pg_constraint AS c WHERE c.conindid = i.indexrelid
+                                                           AND c.conrelid = i.indrelid)
+        UNION ALL
+        SELECT CASE c.contype WHEN 'f' THEN 2 ELSE 1 END,
+               format('ALTER TABLE %s ADD CONSTRAINT %I %s', c.conrelid::regclass, c.conname,
+                      pg_get_constraintdef(c.oid))
+        FROM pg_constraint AS c
+        WHERE c.conrelid = ANY(ledgers) AND c.contype IN ('p', 'u', 'f', 'x')
+        UNION ALL
+        SELECT 3, format('GRANT %s ON %s TO %s', a.privilege_type, c.oid::regclass,
+                         a.grantee::regrole)
         FROM pg_class AS c CROSS JOIN LATERAL aclexplode(c.relacl) AS a
-        WHERE c.oid IN ('operations'::regclass, 'transactions'::regclass,
-                        'credit_annotations'::regclass)
-          AND a.grantee <> c.relowner AND a.grantee <> 0
+        WHERE c.oid = ANY(ledgers) AND a.grantee <> c.relowner AND a.grantee <> 0
+        ORDER BY 1, 2
     LOOP
-        grants := grants || format('GRANT %s ON %I TO %s', granted.privilege_type,
-                                   granted.relname, granted.grantee);
+        rebuild := rebuild || item.ddl;
     END LOOP;
-    DROP TABLE operations;
-    DROP TABLE transactions;
-    DROP TABLE credit_annotations;
-
-    -- The columns, constraints and indexes of 001_records.sql, partitioned by id.
-    CREATE TABLE transactions (
-        id              uuid PRIMARY KEY,
-        organization_id uuid NOT NULL,
-        ledger_id       uuid NOT NULL,
-        description     text,
-        status          text NOT NULL CHECK (status IN ('PENDING', 'APPROVED', 'CANCELED')),
-        asset_code      text NOT NULL,
-        amount          numeric(38, 18) NOT NULL CHECK (amount > 0),
-        created_at      timestamptz NOT NULL DEFAULT now(),
-        metadata        jsonb,
-        recorded_at     timestamptz NOT NULL DEFAULT now()
-    ) PARTITION BY RANGE (id);
-    CREATE INDEX transactions_ledger_created_idx
-        ON transactions (organization_id, ledger_id, created_at);
-
-    CREATE TABLE operations (
-        id             uuid PRIMARY KEY,
-        transaction_id uuid NOT NULL REFERENCES transactions (id),
-        account_id     uuid NOT NULL,
-        type           text NOT NULL CHECK (type IN ('DEBIT', 'CREDIT')),
-        amount         numeric(38, 18) NOT NULL CHECK (amount > 0),
-        asset_code     text NOT NULL,
-        created_at     timestamptz NOT NULL DEFAULT now()
-    ) PARTITION BY RANGE (id);
-    CREATE INDEX operations_transaction_idx ON operations (transaction_id);
-    CREATE INDEX operations_account_idx ON operations (account_id, created_at);
-
-    CREATE TABLE credit_annotations (
-        id            uuid PRIMARY KEY,
-        job_id        uuid,
-        document      text NOT NULL,
-        document_type text NOT NULL CHECK (document_type IN ('CPF', 'CNPJ')),
-        kind          text NOT NULL CHECK (kind IN ('RESTRICTION', 'RELEASE')),
-        creditor      text NOT NULL,
-        amount        numeric(38, 18) NOT NULL CHECK (amount >= 0),
-        occurred_on   date NOT NULL,
-        reason        text,
-        recorded_at   timestamptz NOT NULL DEFAULT now()
-    ) PARTITION BY RANGE (id);
-    CREATE INDEX credit_annotations_document_idx ON credit_annotations (document);
-    CREATE INDEX credit_annotations_job_idx
-        ON credit_annotations (job_id) WHERE job_id IS NOT NULL;
-    FOREACH ledger IN ARRAY grants LOOP
+    -- The same columns (types, defaults, NOT NULL), CHECK constraints (same names), storage
+    -- and comments, partitioned by id; then the old tables go and the new take their names.
+    FOREACH ledger IN ARRAY ARRAY['transactions', 'operations', 'credit_annotations'] LOOP
+        EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS'
+                       ' INCLUDING GENERATED INCLUDING IDENTITY INCLUDING STORAGE'
+                       ' INCLUDING COMPRESSION INCLUDING COMMENTS) PARTITION BY RANGE (id)',
+                       ledger || '_partitioned', ledger);
+    END LOOP;
+    DROP TABLE operations, transactions, credit_annotations;
+    FOREACH ledger IN ARRAY ARRAY['transactions', 'operations', 'credit_annotations'] LOOP
+        EXECUTE format('ALTER TABLE %I RENAME TO %I', ledger || '_partitioned', ledger);
+    END LOOP;
+    FOREACH ledger IN ARRAY rebuild LOOP
         EXECUTE ledger;
     END LOOP;
 END

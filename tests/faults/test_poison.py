@@ -15,7 +15,7 @@ from consumer.tools.generator import Generator
 from tests.conftest import wait_for
 from tests.faults.audit import DATABASE_REFUSED, settled_count
 
-pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.ledger_layouts]
 
 
 def _body(record: dict[str, Any]) -> bytes:

@@ -308,13 +308,13 @@ async def test_retention_of_a_day_never_holds_a_busy_writer_100_ms(
             code, out, took, job_id = await _busy_while_retention(
                 settings, http, answers, old, tmp_path / "retention.log"
             )
+            waits = _assert_no_writer_waited_on_retention(lock_log_server)
             assert code == 0, out
             assert out.strip() == (  # the line docs/operations.md shows
                 f"removed {DAY} transaction_requests, {OLD_JOBS} credit_annotation_jobs, "
                 f"{OLD_JOBS * REPEATS_A_JOB} credit_annotation_job_repeats in 176 batches "
                 "(largest 1000 rows); 0 finished jobs marked complete"
             ), out
-            waits = _assert_no_writer_waited_on_retention(lock_log_server)
             # a retry past the window: answered as new, and the ledger has it once
             gone = [k for k in old if k not in {r[0] for r in answers.retries}][:100]
             for key in gone:

@@ -19,8 +19,9 @@ that count toward its ``recorded`` remain.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -57,12 +58,16 @@ DELETE FROM transaction_requests WHERE ctid = ANY(ARRAY(
     ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED))
 """
 # Jobs past the window, done (nothing waiting in the outbox) but not yet marked complete.
+# Page by page from the oldest (keyset: created_at, id): jobs that will never complete (a line
+# the recorder dead-lettered) stay in the first page run after run, and must not hide the rest.
 _DONE_UNMARKED = """
-SELECT id, accepted, dead_lettered FROM credit_annotation_jobs
+SELECT id, created_at, accepted, dead_lettered FROM credit_annotation_jobs
 WHERE created_at < $1 AND completed_at IS NULL AND request_hash IS NOT NULL
   AND published + dead_lettered >= accepted
-ORDER BY created_at LIMIT $2
+  AND (created_at, id) > ($3, $4)
+ORDER BY created_at, id LIMIT $2
 """
+_BEFORE_ALL = (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
 _EXPIRED_JOBS = """
 SELECT id FROM credit_annotation_jobs
 WHERE created_at < $1 AND completed_at IS NOT NULL AND dead_lettered = 0
@@ -160,16 +165,17 @@ async def _drain(
 
 async def _complete_done_jobs(conn: Connection, policy: Retention, cutoff: datetime) -> int:
     """Mark complete the jobs past the window whose lines are all recorded (as a status read)."""
-    marked = 0
-    rows = await conn.fetch(_DONE_UNMARKED, cutoff, policy.batch_size)
-    for row in rows:
-        recorded = int(await conn.fetchval(RECORDED, row["id"]))
-        if recorded + int(row["dead_lettered"]) >= int(row["accepted"]):
-            try:
-                await conn.execute(COMPLETE_JOB, row["id"], recorded)
-            except asyncpg.LockNotAvailableError:  # held past the lock timeout: a later run
-                continue
-            marked += 1
+    marked, after = 0, _BEFORE_ALL
+    while rows := await conn.fetch(_DONE_UNMARKED, cutoff, policy.batch_size, *after):
+        after = (rows[-1]["created_at"], rows[-1]["id"])
+        for row in rows:
+            recorded = int(await conn.fetchval(RECORDED, row["id"]))
+            if recorded + int(row["dead_lettered"]) >= int(row["accepted"]):
+                try:
+                    await conn.execute(COMPLETE_JOB, row["id"], recorded)
+                except asyncpg.LockNotAvailableError:  # held past the lock timeout: next run
+                    continue
+                marked += 1
     return marked
 
 

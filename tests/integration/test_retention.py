@@ -284,3 +284,23 @@ async def test_a_batch_reads_its_own_rows_never_the_whole_table(database_url: st
         assert all(read <= 2 * batch for read in reads.values()), reads
     finally:
         await conn.close()
+
+
+async def test_jobs_stuck_recording_do_not_keep_a_finished_job_from_completing(
+    database_url: str,
+) -> None:
+    """Jobs that will never complete (a line the recorder dead-lettered: recorded < accepted)
+    fill the first page of done-but-unmarked jobs, oldest first, run after run; a finished job
+    behind them must still be completed and removed, as docs/producer.md promises."""
+    await migrate(database_url)
+    conn = await asyncpg.connect(database_url)
+    try:
+        stuck = [await _job(conn, 40 + n, completed=False, repeats=1) for n in range(3)]
+        finished_unread = await _job(conn, 35, completed=False, repeats=2)
+        policy = Retention(idempotency_days=30, job_days=30, batch_size=2)
+        done = await remove_expired(conn, policy)
+        assert await _ids(conn, "credit_annotation_jobs") == set(stuck)
+        assert finished_unread not in await _ids(conn, "credit_annotation_job_repeats", "job_id")
+        assert (done.jobs_completed, done.credit_annotation_jobs) == (1, 1)
+    finally:
+        await conn.close()

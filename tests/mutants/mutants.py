@@ -1952,6 +1952,17 @@ MUTANTS: tuple[Mutant, ...] = (
             T_RETENTION_BUSY,
         ),
     ),
+    Mutant(  # as it was: only the first page of finished jobs, which stuck ones may fill
+        name="retention-completes-the-first-page-only",
+        path="bulk_recorder/producer/retention.py",
+        old="    while rows := await conn.fetch(_DONE_UNMARKED,",
+        new="    if rows := await conn.fetch(_DONE_UNMARKED,",
+        promise=RETENTION,
+        tests=(
+            T_RETENTION + "test_jobs_stuck_recording_do_not_keep_a_finished_job_from_completing",
+        ),
+        fast=True,
+    ),
     Mutant(  # as it was: a hash semi-join over a sequential scan of the whole table
         name="retention-batch-reads-the-table",
         path="bulk_recorder/producer/retention.py",

@@ -378,3 +378,16 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+@pytest.fixture
+async def lock_log_server(tmp_path: Path) -> AsyncIterator[Any]:
+    """A private PostgreSQL that logs every lock wait over 1 ms (tests/rigs/lock_log_server.py);
+    its log is kept in the test's ``tmp_path``."""
+    from tests.rigs.lock_log_server import LockLogServer
+
+    server = await asyncio.to_thread(LockLogServer(tmp_path).start)
+    try:
+        yield server
+    finally:
+        await asyncio.to_thread(server.stop)

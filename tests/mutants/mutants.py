@@ -49,6 +49,9 @@ PARTITIONED = "Partitioned ledger tables"
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_IDS = "tests/unit/test_ids.py::"
 T_RETENTION = "tests/integration/test_retention.py::"
+T_RETENTION_BUSY = (
+    "tests/faults/test_retention_busy.py::test_retention_of_a_day_never_holds_a_busy_writer_100_ms"
+)
 T_PARTITIONS = "tests/integration/test_partitions.py::"
 PARTITIONING_SQL = "bulk_recorder/sql/partitioning/partitioned_ledger.sql"
 T_DLQ_PROPERTIES = (
@@ -1932,15 +1935,52 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             T_RETENTION + "test_every_batch_holds_at_most_batch_size_rows",
             T_RETENTION + "test_a_retried_request_being_removed_waits_less_than_the_bound",
+            T_RETENTION_BUSY,
         ),
     ),
     Mutant(
         name="retention-locks-the-table",
         path="bulk_recorder/producer/retention.py",
-        old='await conn.execute(f"SET LOCAL lock_timeout = {int(policy.lock_timeout_ms)}")',
-        new='await conn.execute("LOCK TABLE transaction_requests IN SHARE ROW EXCLUSIVE MODE")',
+        old="        status = await conn.execute(sql, *args, policy.batch_size)\n",
+        new=(
+            "        async with conn.transaction():\n"
+            "            await conn.execute(\n"
+            '                "LOCK TABLE transaction_requests IN SHARE ROW EXCLUSIVE MODE"\n'
+            "            )\n"
+            "            status = await conn.execute(sql, *args, policy.batch_size)\n"
+        ),
         promise=RETENTION,
-        tests=(T_RETENTION + "test_a_new_request_never_waits_on_a_long_retention_batch",),
+        tests=(
+            T_RETENTION + "test_a_new_request_never_waits_on_a_long_retention_batch",
+            T_RETENTION_BUSY,
+        ),
+    ),
+    Mutant(  # as it was: only the first page of finished jobs, which stuck ones may fill
+        name="retention-completes-the-first-page-only",
+        path="bulk_recorder/producer/retention.py",
+        old="    while rows := await conn.fetch(_DONE_UNMARKED,",
+        new="    if rows := await conn.fetch(_DONE_UNMARKED,",
+        promise=RETENTION,
+        tests=(
+            T_RETENTION + "test_jobs_stuck_recording_do_not_keep_a_finished_job_from_completing",
+        ),
+        fast=True,
+    ),
+    Mutant(  # as it was: a hash semi-join over a sequential scan of the whole table
+        name="retention-batch-reads-the-table",
+        path="bulk_recorder/producer/retention.py",
+        old=(
+            "DELETE FROM transaction_requests WHERE ctid = ANY(ARRAY(\n"
+            "    SELECT ctid FROM transaction_requests WHERE created_at < $1\n"
+            "    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED))\n"
+        ),
+        new=(
+            "DELETE FROM transaction_requests WHERE transaction_id IN (\n"
+            "    SELECT transaction_id FROM transaction_requests WHERE created_at < $1\n"
+            "    ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)\n"
+        ),
+        promise=RETENTION,
+        tests=(T_RETENTION + "test_a_batch_reads_its_own_rows_never_the_whole_table",),
     ),
     # every literal default docs/settings.md states is the code's (a window or bound changed alone)
     Mutant(

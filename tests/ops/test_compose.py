@@ -7,7 +7,8 @@ on the port that service is told to listen on; Grafana's provisioning points at 
 dashboards and at the Prometheus service; no password is in an environment variable, every
 ``*_FILE`` names a secret the service mounts, and deploy/compose/secrets.sh writes them all, in
 agreement with each other; every container has limits, and the recorder's memory covers what
-it may hold. What is not: pulling the images and starting them (``make test-compose`` does).
+it may hold; the retention service's loop runs the command and stops on SIGTERM. What is not:
+pulling the images and starting them (``make test-compose`` does).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from bulk_recorder.infra.stop_budget import GRACE_MARGIN_S, stop_budget
 from settings import Settings
 from tests.ops.conftest import COMPOSE, GRAFANA_DIR, PROMETHEUS_DIR, REPO, load_yaml, run_tool
 from tests.ops.test_kubernetes import RECORDER_BASELINE_BYTES
+from tests.rigs.wait import poll
 
 ENV_EXAMPLE = REPO / ".env.example"
 SECRETS_SCRIPT = REPO / "deploy" / "compose" / "secrets.sh"
@@ -220,6 +223,7 @@ def test_every_file_variable_names_a_secret_its_service_mounts(tmp_path: Path) -
     # Each role reads only its own login.
     own = {"recorder": "database-url-recorder", "relay": "database-url-relay"}
     own |= {"api": "database-url-api", "migrate": "database-url-owner"}
+    own |= {"retention": "database-url-owner"}
     for role, secret in own.items():
         mounted = _secret_targets(compose["services"][role])
         assert mounted[SECRETS_DIR + "database-url"] == secret, (role, mounted)
@@ -283,3 +287,38 @@ def test_where_the_alerts_go_is_said() -> None:
     assert "no Alertmanager runs" in " ".join(
         line.lstrip("# ") for line in COMPOSE.read_text().splitlines()
     )
+
+
+def test_retention_runs_daily_as_the_owner_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The retention service's shell loop, as compose hands it to ``sh -c`` ($$ is $), with a
+    stand-in ``bulk-recorder`` that notes its arguments: it runs ``retention`` at once, then
+    sleeps a day, and SIGTERM ends it at once with exit 0 (PID 1 ignores a signal it has no
+    handler for: without the trap the container would wait for its SIGKILL)."""
+    services = _compose()["services"]
+    service = services["retention"]
+    assert service["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
+    assert service["environment"]["DATABASE_URL_FILE"] == SECRETS_DIR + "database-url"
+    assert service["restart"] == "unless-stopped"
+    assert service["healthcheck"] == {"disable": True}, "the image's check asks a role's port"
+    assert "ports" not in service
+    assert "expose" not in service
+    assert service["entrypoint"] == ["/bin/sh", "-c"]
+    (script,) = service["command"]
+    script = script.replace("$$", "$")
+    assert "sleep 86400" in script, "once a day"
+    stand_in = tmp_path / "bin" / "bulk-recorder"
+    stand_in.parent.mkdir()
+    runs = tmp_path / "runs"
+    stand_in.write_text(f'#!/bin/sh\necho "$*" >> {runs}\n')
+    stand_in.chmod(0o755)
+    env = {"PATH": f"{stand_in.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    loop = subprocess.Popen(["/bin/sh", "-c", script], env=env)
+    try:
+        poll(lambda: runs.exists() and runs.read_text() != "", 30, "the first run")
+        loop.send_signal(signal.SIGTERM)
+        assert loop.wait(timeout=10) == 0
+    finally:
+        if loop.poll() is None:
+            loop.kill()
+            loop.wait()
+    assert runs.read_text().splitlines() == ["retention"]

@@ -56,7 +56,13 @@ RENDERED = ("base", "overlays/dev", "overlays/production")
 SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 CUSTOM_KINDS = {"PodMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication"}
 # Workload name -> the bulk-recorder command it runs.
-COMMANDS = {"recorder": "consume", "relay": "relay", "api": "api", "migrate": "migrate"}
+COMMANDS = {
+    "recorder": "consume",
+    "relay": "relay",
+    "api": "api",
+    "migrate": "migrate",
+    "retention": "retention",
+}
 ROLES: dict[str, Role] = {"consume": "consume", "relay": "relay", "api": "api"}
 # Workload -> the Secret keys it may read, by the setting they feed.
 SECRET_KEYS = {
@@ -64,6 +70,7 @@ SECRET_KEYS = {
     "relay": {"DATABASE_URL": "database-url-relay", "RABBITMQ_URL": "rabbitmq-url"},
     "api": {"DATABASE_URL": "database-url-api"},
     "migrate": {"DATABASE_URL": "database-url-owner"},
+    "retention": {"DATABASE_URL": "database-url-owner"},
 }
 SETTING_NAMES = {name.upper() for name in Settings.model_fields}
 FILE_TWINS = {f"{field.upper()}_FILE": field.upper() for field in SECRET_FILE_SETTINGS}
@@ -117,9 +124,10 @@ def _of_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, An
 def _workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Role (the pod's component label: the Job's name carries its version) -> its pod template."""
     found = {}
-    for kind in ("Deployment", "Job"):
+    for kind in ("Deployment", "Job", "CronJob"):
         for workload in _of_kind(objects, kind).values():
-            template = workload["spec"]["template"]
+            spec = workload["spec"]
+            template = (spec["jobTemplate"]["spec"] if kind == "CronJob" else spec)["template"]
             found[template["metadata"]["labels"]["app.kubernetes.io/component"]] = template
     return found
 
@@ -325,7 +333,7 @@ def test_ports_and_probes_are_those_settings_give_each_role(
             container = _container(template)
             settings = _settings(_effective_environment(objects, container)).for_role(command)
             where = f"{name}: {workload}"
-            if command == "migrate":
+            if command in ("migrate", "retention"):
                 assert "ports" not in container, where
                 continue
             if command == "api":
@@ -503,7 +511,7 @@ def test_the_pod_monitor_scrapes_each_role_under_the_job_of_the_alert_rules(
     jobs = set()
     for workload, template in _workloads(objects).items():
         labels = template["metadata"]["labels"]
-        if workload == "migrate":
+        if workload in ("migrate", "retention"):
             assert not _selects(spec["selector"], labels), "a one-shot Job is not scraped"
             continue
         assert _selects(spec["selector"], labels), workload
@@ -632,6 +640,7 @@ EGRESS = {
     "relay": DNS | DATABASE | BROKER,
     "api": DNS | DATABASE,
     "migrate": DNS | DATABASE,
+    "retention": DNS | DATABASE,
 }
 DEFAULT_URL_PORTS = {"postgresql": 5432, "postgres": 5432, "amqp": 5672, "amqps": 5671}
 # What the recorder process takes besides the deliveries it holds: 49 MiB measured at its peak
@@ -829,3 +838,32 @@ def test_the_recorders_memory_limit_covers_the_deliveries_it_may_hold(
             f" deliveries of {settings.bulk_recorder_max_message_bytes} bytes and the process "
             f"need {needed / 2**20:.0f} MiB"
         )
+
+
+def test_retention_runs_daily_one_at_a_time_with_the_migrate_jobs_pod(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The CronJob of docs/operations.md ("Retention"): the owner's login and the migrate Job's
+    pod, once a day, never two at once, a missed run started late or skipped, never piled up,
+    and a stuck run failed within the hour."""
+    parser = build_parser()
+    for name, objects in renders.items():
+        (cron,) = _of_kind(objects, "CronJob").values()
+        spec = cron["spec"]
+        assert spec["schedule"] == "17 3 * * *", name  # daily, off the hour
+        assert spec["concurrencyPolicy"] == "Forbid", name
+        # a missed run starts late within the day, or waits for the next: never a burst
+        assert spec["startingDeadlineSeconds"] == 6 * 3600, name
+        job = spec["jobTemplate"]["spec"]
+        assert job["activeDeadlineSeconds"] == 3600, name
+        assert job["backoffLimit"] == 2, f"{name}: exit 1 (a batch gave way) deserves a retry"
+        pod = job["template"]["spec"]
+        assert pod["restartPolicy"] == "Never", name
+        args = parser.parse_args(_container(job["template"])["args"])
+        assert args.command == "retention", name
+        migrate = _workloads(objects)["migrate"]["spec"]
+        for key in ("securityContext", "volumes", "automountServiceAccountToken"):
+            assert pod[key] == migrate[key], (name, key)
+        mine, theirs = _container(job["template"]), _container({"spec": migrate})
+        for key in ("envFrom", "env", "securityContext", "volumeMounts", "resources"):
+            assert mine[key] == theirs[key], (name, key)

@@ -52,6 +52,7 @@ ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
     "api-key": ("database",),
     "outbox": ("database",),
     "retention": ("database",),
+    "partitions": ("database",),
 }
 # Long-running commands wait for a service that is down, but not for a certificate that their
 # settings refuse: with TLS configured, they try it once at start-up.
@@ -182,10 +183,17 @@ def cmd_retention(settings: Settings, args: argparse.Namespace) -> int:
     return run_retention(settings, args)
 
 
+def cmd_partitions(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.tools.partitions import cmd_partitions as run_partitions
+
+    return run_partitions(settings, args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # the modules whose parsers these are: not imported by the health check, which has its own
     from consumer import api_keys
     from consumer.tools import outbox as outbox_tool
+    from consumer.tools import partitions as partitions_tool
     from consumer.tools import retention as retention_tool
     from consumer.tools import tune
 
@@ -232,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     api_keys.add_parser(sub)
     outbox_tool.add_parser(sub)
     retention_tool.add_parser(sub)
+    partitions_tool.add_parser(sub)
     tune.add_parser(sub)
     healthcheck.add_parser(sub)
     return parser
@@ -248,6 +257,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "api-key": cmd_api_key,
     "outbox": cmd_outbox,
     "retention": cmd_retention,
+    "partitions": cmd_partitions,
 }
 
 

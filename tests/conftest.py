@@ -89,11 +89,55 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
+# The ledger layouts a test's database can have: "plain" (the migrations' tables) or
+# "partitioned" (bulk_recorder/sql/partitioning/, applied after the migrations, with daily
+# partitions from yesterday to two days ahead). Tests marked `ledger_layouts` run on both;
+# TEST_LEDGER_LAYOUT=partitioned runs every test on partitioned tables.
+LEDGER_LAYOUTS = ("plain", "partitioned")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marked = metafunc.definition.get_closest_marker("ledger_layouts") is not None
+    if marked and "ledger_layout" in metafunc.fixturenames:
+        metafunc.parametrize("ledger_layout", LEDGER_LAYOUTS, indirect=True)
+
+
 @pytest.fixture
-async def database_url(services: Services) -> AsyncIterator[str]:
-    """A DSN for a database that does not exist yet (migrate creates it); dropped afterwards."""
+def ledger_layout(request: pytest.FixtureRequest) -> str:
+    layout = getattr(request, "param", os.environ.get("TEST_LEDGER_LAYOUT") or "plain")
+    assert layout in LEDGER_LAYOUTS, f"TEST_LEDGER_LAYOUT={layout!r}: one of {LEDGER_LAYOUTS}"
+    return str(layout)
+
+
+async def partition_ledger(dsn: str) -> None:
+    """Migrate ``dsn`` (creating it), then partition its ledger tables: daily partitions from
+    yesterday to two days ahead, so that every UUIDv7 id made during the test has one."""
+    from datetime import UTC, datetime, timedelta
+
+    from bulk_recorder.infra import partitions
+    from bulk_recorder.infra.migrate import migrate
+
+    await migrate(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await partitions.apply_layout(conn, "day")
+        now = datetime.now(UTC)
+        await partitions.create_partitions(
+            conn, now - timedelta(days=1), now + timedelta(days=2), "day"
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def database_url(services: Services, ledger_layout: str) -> AsyncIterator[str]:
+    """A DSN for a database that does not exist yet (migrate creates it); dropped afterwards.
+    With the partitioned layout it exists already: migrated, its ledger tables partitioned."""
     name = unique_name("brtest")
-    yield with_database(services.database_url, name)
+    dsn = with_database(services.database_url, name)
+    if ledger_layout == "partitioned":
+        await partition_ledger(dsn)
+    yield dsn
     conn = await asyncpg.connect(with_database(services.database_url, "postgres"))
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

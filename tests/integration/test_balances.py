@@ -38,7 +38,7 @@ from tests.integration.producer_support import (
     running_relay,
 )
 
-pytestmark = [pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres, pytest.mark.ledger_layouts]
 
 
 def ledger(seed: int, count: int, accounts: int = 8) -> list[dict[str, Any]]:

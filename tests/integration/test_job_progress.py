@@ -20,7 +20,7 @@ from consumer.tools.generator import Generator
 from tests.conftest import wait_for
 from tests.integration.producer_support import api_client, ndjson, running_relay
 
-pytestmark = [pytest.mark.postgres]
+pytestmark = [pytest.mark.postgres, pytest.mark.ledger_layouts]
 
 NDJSON = {"content-type": "application/x-ndjson"}
 JOBS = "/v1/credit-annotation-jobs"

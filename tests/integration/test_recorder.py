@@ -48,6 +48,7 @@ async def count(conn: asyncpg.Connection, table: str) -> int:
     return int(await conn.fetchval(f"SELECT count(*) FROM {table}"))
 
 
+@pytest.mark.ledger_layouts
 async def test_size_flush_records_every_message(make_settings, start_recorder, broker, db) -> None:
     gen = Generator.create(seed=1)
     settings = make_settings(bulk_recorder_size=10, bulk_recorder_flush_timeout_ms=60_000)
@@ -79,6 +80,7 @@ async def test_timeout_flush_writes_a_partial_batch(
     assert await count(conn, "credit_annotations") == 7
 
 
+@pytest.mark.ledger_layouts
 async def test_duplicates_give_one_row_and_count_as_ignored(
     make_settings, start_recorder, broker, db
 ) -> None:
@@ -105,6 +107,7 @@ async def test_duplicates_give_one_row_and_count_as_ignored(
     assert str(amount.normalize()) == str(type(amount)(tx["amount"]).normalize())
 
 
+@pytest.mark.ledger_layouts
 async def test_a_duplicate_in_a_later_flush_changes_nothing(
     make_settings, start_recorder, broker, db
 ) -> None:
@@ -145,6 +148,7 @@ def _acked_judging_nothing(rec: RunningRecorder, acked: float) -> bool:
     return rec.value("bulk_recorder_messages_acked_total") == acked
 
 
+@pytest.mark.ledger_layouts
 async def test_invalid_messages_reach_the_dlq_while_batch_mates_are_recorded(
     make_settings, start_recorder, broker: Broker, db
 ) -> None:
@@ -220,6 +224,7 @@ async def _snapshot(conn: asyncpg.Connection) -> dict[str, list[tuple[Any, ...]]
     }
 
 
+@pytest.mark.ledger_layouts
 async def test_per_message_mode_gives_identical_tables_and_metrics(
     make_settings, start_recorder, broker, db
 ) -> None:
@@ -272,6 +277,7 @@ async def test_per_message_mode_gives_identical_tables_and_metrics(
     assert values[0] == values[1]
 
 
+@pytest.mark.ledger_layouts
 async def test_no_delivery_is_acked_before_its_row_is_committed(
     make_settings, start_recorder, broker, db, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -322,6 +328,7 @@ async def _migrated(dsn: str) -> None:
     await migrate(dsn)
 
 
+@pytest.mark.ledger_layouts
 async def test_shutdown_flushes_the_partial_batch_and_acks_it(
     make_settings, start_recorder, broker, db
 ) -> None:

@@ -44,6 +44,7 @@ DLQ_BY_REASON = "The DLQ is worked by reason"
 OTHER_CLIENTS = "Messages from other clients"
 TIME_ORDERED_IDS = "Ids this project makes are time-ordered"
 RETENTION = "Tables that only grow have a window"
+PARTITIONED = "Partitioned ledger tables"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_IDS = "tests/unit/test_ids.py::"
@@ -51,6 +52,8 @@ T_RETENTION = "tests/integration/test_retention.py::"
 T_RETENTION_BUSY = (
     "tests/faults/test_retention_busy.py::test_retention_of_a_day_never_holds_a_busy_writer_100_ms"
 )
+T_PARTITIONS = "tests/integration/test_partitions.py::"
+PARTITIONING_SQL = "bulk_recorder/sql/partitioning/partitioned_ledger.sql"
 T_DLQ_PROPERTIES = (
     "tests/integration/test_dlq_properties.py::"
     "test_dead_letter_and_replay_keep_the_message_properties"
@@ -1990,5 +1993,55 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/unit/test_settings.py::test_every_default_docs_settings_states_is_the_codes",
         ),
         fast=True,
+    ),
+    # partitioned ledger tables (issue 28): bounds to the millisecond, no gap, no row dropped
+    Mutant(
+        name="partition-bound-in-seconds",
+        path=PARTITIONING_SQL,
+        old="floor(extract(epoch FROM at) * 1000)",
+        new="floor(extract(epoch FROM at))",
+        promise=PARTITIONED,
+        tests=(
+            T_PARTITIONS + "test_the_bound_of_a_millisecond_is_its_uuidv7_prefix",
+            T_PARTITIONS
+            + "test_every_millisecond_at_every_boundary_lands_in_its_partition_with_no_gap",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="partitions-end-a-millisecond-short",
+        path=PARTITIONING_SQL,
+        old="period_end := bulk_recorder_uuid_bound((start + step) AT TIME ZONE 'UTC');",
+        new="period_end := bulk_recorder_uuid_bound((start + step - interval '1 ms')"
+        " AT TIME ZONE 'UTC');",
+        promise=PARTITIONED,
+        tests=(
+            T_PARTITIONS
+            + "test_every_millisecond_at_every_boundary_lands_in_its_partition_with_no_gap",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="partition-cut-short-by-the-next-skips-the-rest-of-its-span",
+        path=PARTITIONING_SQL,
+        old="                lo := hi;\n",
+        new="                lo := period_end;\n",
+        promise=PARTITIONED,
+        tests=(
+            T_PARTITIONS
+            + "test_every_millisecond_at_every_boundary_lands_in_its_partition_with_no_gap",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="partitioning-drops-a-ledger-holding-rows",
+        path=PARTITIONING_SQL,
+        old="        IF has_rows THEN\n",
+        new="        IF has_rows AND false THEN\n",
+        promise=PARTITIONED,
+        tests=(
+            T_PARTITIONS
+            + "test_the_command_partitions_an_empty_ledger_once_and_refuses_one_with_rows",
+        ),
     ),
 )

@@ -85,6 +85,41 @@ async def test_a_job_repeating_an_id_another_job_recorded_completes_with_exact_c
     assert {owners[line["id"]] for line in fresh} == {job_b["id"]}
 
 
+@pytest.mark.rabbitmq
+async def test_a_job_recorded_before_the_relay_counted_its_rows_is_not_yet_completed(
+    make_settings, start_recorder
+) -> None:
+    """The relay counts a batch as published in the transaction that deletes it, after the
+    broker's confirm; the recorder may commit those lines first. A status read in between must
+    not freeze the job as completed while its rows are still unsent: it completes once the
+    relay's count is in."""
+    settings = make_settings(bulk_recorder_size=10, bulk_recorder_flush_timeout_ms=20)
+    gen = Generator.create(83)
+    lines = [gen.credit_annotation() for _ in range(3)]
+    async with api_client(settings) as (client, _):
+        job = await _post_job(client, lines)  # no relay yet: every row still in the outbox
+        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+        try:  # the recorder's commit, landing before the relay's
+            records = [
+                decode(ndjson([dict(line, job_id=job["id"])]).strip(), "credit_annotation")
+                for line in lines
+            ]
+            await PgWriter(pool).write(records)
+        finally:
+            await pool.close()
+        early = (await client.get(job["status_url"])).json()
+        assert early["status"] == "publishing", early
+        assert early["completed_at"] is None, early
+        assert (early["recorded"], early["published"], early["unsent"]) == (3, 0, 3), early
+
+        await start_recorder(settings)
+        async with running_relay(settings):
+            settled = await _status_once_settled(client, job["status_url"])
+    assert settled["status"] == "completed", settled
+    assert (settled["accepted"], settled["published"], settled["recorded"]) == (3, 3, 3)
+    assert (settled["unsent"], settled["oldest_unsent_age_s"]) == (0, None)
+
+
 async def test_the_writer_counts_a_repeat_once_per_job_within_a_flush_and_on_redelivery(
     database_url: str, db
 ) -> None:

@@ -1351,6 +1351,18 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        name="job-completed-before-the-relay-counted-it",
+        path="bulk_recorder/producer/api/job_status.py",
+        old="WHERE id = $1 AND completed_at IS NULL AND published + dead_lettered >= accepted",
+        new="WHERE id = $1 AND completed_at IS NULL",
+        promise=PRODUCER,
+        tests=(
+            "tests/integration/test_job_progress.py::"
+            "test_a_job_recorded_before_the_relay_counted_its_rows_is_not_yet_completed",
+        ),
+        fast=True,
+    ),
+    Mutant(
         name="tune-timeout-headroom-unwarned",
         path="consumer/tools/tune_advice.py",
         old="elif 2 * worst + HEADROOM_S > timeout:",

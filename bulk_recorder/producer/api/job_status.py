@@ -35,9 +35,12 @@ RECORDED = """
 SELECT (SELECT count(*) FROM credit_annotations WHERE job_id = $1)
      + (SELECT count(*) FROM credit_annotation_job_repeats WHERE job_id = $1)
 """
+# Complete once every line is recorded (or parked) AND the relay's count of its published rows
+# is in: the recorder may commit a line before the relay commits the delete that counts it
+# (after the broker's confirm), and a job frozen as completed then would show rows unsent.
 COMPLETE_JOB = """
 UPDATE credit_annotation_jobs SET recorded = $2, completed_at = clock_timestamp()
-WHERE id = $1 AND completed_at IS NULL
+WHERE id = $1 AND completed_at IS NULL AND published + dead_lettered >= accepted
 RETURNING completed_at
 """
 JOB_BY_ID = """
@@ -60,7 +63,8 @@ class JobStatus(BaseModel):
         "rows still in the outbox and nothing published for API_JOB_STALL_AFTER_S, neither "
         "the job's rows nor any other outbox row (no relay runs, or it cannot publish); "
         "recording: all "
-        "published, not all recorded yet; completed: recorded + dead_lettered == accepted."
+        "published, not all recorded yet; completed: recorded + dead_lettered == accepted and "
+        "the relay has counted every row published or parked."
     )
     accepted: int
     rejected: int

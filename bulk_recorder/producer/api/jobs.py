@@ -266,6 +266,8 @@ async def job_status(ctx: ApiContext, job_id: uuid.UUID, principal: Principal) -
                 if recorded + dead >= accepted:
                     completed_at = await conn.fetchval(COMPLETE_JOB, job_id, recorded)
                     ctx.recorded_cache.pop(job_id, None)
+                    if completed_at is not None:  # the counts the completion saw, not older
+                        row = await conn.fetchrow(JOB_BY_ID, job_id)
     except ApiError:
         raise
     except DB_ERRORS as exc:

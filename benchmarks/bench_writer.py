@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from benchmarks.support.env import run_main
 from benchmarks.support.machine import facts_table, machine_facts
@@ -90,7 +91,7 @@ def make_records(table_name: str, count: int, order: str, seed: int = 1) -> list
         body = json.dumps(gen.record(record_type)).encode()
         record = decode(body, record_type)
         if order == "random":
-            record = dataclasses.replace(record, id=str(uuid.UUID(int=rng.getrandbits(128))))
+            record = msgspec.structs.replace(record, id=str(uuid.UUID(int=rng.getrandbits(128))))
         out.append(record)
     return out
 
@@ -107,10 +108,10 @@ def fresh_ids(records: Sequence[Record], order: str, rng: random.Random) -> list
     out: list[Record] = []
     for r in records:
         if isinstance(r, Transaction):
-            ops = tuple(dataclasses.replace(op, id=new_id()) for op in r.operations)
-            out.append(dataclasses.replace(r, id=new_id(), operations=ops))
+            ops = tuple(msgspec.structs.replace(op, id=new_id()) for op in r.operations)
+            out.append(msgspec.structs.replace(r, id=new_id(), operations=ops))
         else:
-            out.append(dataclasses.replace(r, id=new_id()))
+            out.append(msgspec.structs.replace(r, id=new_id()))
     return out
 
 

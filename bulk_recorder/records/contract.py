@@ -1,12 +1,19 @@
 """The record contract (docs/messages.md): record types, their limits, and the immutable
-records ``decode`` returns."""
+records ``decode`` returns.
+
+The records are frozen msgspec Structs: built in C from positional arguments (a frozen
+dataclass sets each field through ``object.__setattr__``, five times the cost), compared and
+hashed by value like the dataclasses they replace, and without GC tracking (``gc=False``): a
+record holds only text, numbers, dates and a tuple of operations, so it can never be part of a
+reference cycle."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, ClassVar, Final, TypeAlias
+
+import msgspec
 
 from bulk_recorder.exceptions import BulkRecorderError
 
@@ -53,8 +60,7 @@ class RecordError(BulkRecorderError, ValueError):
         self.reason = reason
 
 
-@dataclass(slots=True, frozen=True)
-class Operation:
+class Operation(msgspec.Struct, frozen=True, gc=False):
     """One double-entry leg of a :class:`Transaction` (table ``operations``)."""
 
     id: str  # canonical lowercase hyphenated UUID text
@@ -64,8 +70,7 @@ class Operation:
     asset_code: str
 
 
-@dataclass(slots=True, frozen=True)
-class Transaction:
+class Transaction(msgspec.Struct, frozen=True, gc=False):
     """A ledger transaction with its operations (tables ``transactions`` and ``operations``)."""
 
     id: str
@@ -81,8 +86,7 @@ class Transaction:
     record_type: ClassVar[str] = "transaction"
 
 
-@dataclass(slots=True, frozen=True)
-class CreditAnnotation:
+class CreditAnnotation(msgspec.Struct, frozen=True, gc=False):
     """A credit restriction or release for a CPF or CNPJ (table ``credit_annotations``)."""
 
     id: str

@@ -16,8 +16,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from datetime import datetime
-from decimal import Decimal
 from typing import Any, Final
 
 import msgspec
@@ -58,39 +56,6 @@ _PASS_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, RecursionEr
 _ALL_BUT_OPENERS: Final = bytes(set(range(256)) - set(b"{["))
 _ZERO: Final = exact.ZERO
 _add: Final = exact.add
-
-
-# -- records built without the frozen dataclass __init__ -----------------------------------------
-# A frozen dataclass's __init__ sets each field through object.__setattr__ (it must get past its
-# own __setattr__); the slot descriptors set them directly, in half the time, and a transaction
-# is three records. No record type has __post_init__, so the result is the same object.
-_new: Final = object.__new__
-_op_id, _op_account, _op_type, _op_amount, _op_asset = (
-    getattr(Operation, n).__set__ for n in Operation.__slots__
-)
-(
-    _tx_id,
-    _tx_org,
-    _tx_ledger,
-    _tx_description,
-    _tx_status,
-    _tx_asset,
-    _tx_amount,
-    _tx_created_at,
-    _tx_metadata,
-    _tx_operations,
-) = (getattr(Transaction, n).__set__ for n in Transaction.__slots__)
-(
-    _ann_id,
-    _ann_job,
-    _ann_document,
-    _ann_document_type,
-    _ann_kind,
-    _ann_creditor,
-    _ann_amount,
-    _ann_occurred_on,
-    _ann_reason,
-) = (getattr(CreditAnnotation, n).__set__ for n in CreditAnnotation.__slots__)
 
 
 def _at(offset: int) -> str:
@@ -139,45 +104,27 @@ def _transaction(wire: TransactionIn) -> Transaction:
             debits = _add(debits, op_amount)
         else:
             credits = _add(credits, op_amount)
-        record = _new(Operation)
-        _op_id(record, op_id)
-        _op_account(record, joined[at + 36 : at + 72])
-        _op_type(record, op_type)
-        _op_amount(record, op_amount)
-        _op_asset(record, asset_code)
-        operations.append(record)
+        operations.append(
+            Operation(op_id, joined[at + 36 : at + 72], op_type, op_amount, asset_code)
+        )
         at += 72
 
     if debits != credits:
         raise RecordError(f"debits {debits:f} != credits {credits:f}")
     if debits != amount:
         raise RecordError(f"debits {debits:f} and credits {credits:f} != amount {amount:f}")
-    return _new_transaction(
-        joined, wire, description, amount, created_at, metadata, tuple(operations)
+    return Transaction(
+        tx_id,
+        joined[36:72],
+        joined[72:108],
+        description,
+        wire.status,
+        asset_code,
+        amount,
+        created_at,
+        metadata,
+        tuple(operations),
     )
-
-
-def _new_transaction(
-    ids: str,
-    wire: TransactionIn,
-    description: str | None,
-    amount: Decimal,
-    created_at: datetime | None,
-    metadata: str | None,
-    operations: tuple[Operation, ...],
-) -> Transaction:
-    tx = _new(Transaction)
-    _tx_id(tx, ids[:36])
-    _tx_org(tx, ids[36:72])
-    _tx_ledger(tx, ids[72:108])
-    _tx_description(tx, description)
-    _tx_status(tx, wire.status)
-    _tx_asset(tx, wire.asset_code)
-    _tx_amount(tx, amount)
-    _tx_created_at(tx, created_at)
-    _tx_metadata(tx, metadata)
-    _tx_operations(tx, operations)
-    return tx
 
 
 def _credit_annotation(wire: CreditAnnotationIn) -> CreditAnnotation:
@@ -194,17 +141,17 @@ def _credit_annotation(wire: CreditAnnotationIn) -> CreditAnnotation:
     reason = wire.reason
     if reason is not None and "\x00" in reason:
         rules.storable_text(reason, "reason")
-    ann = _new(CreditAnnotation)
-    _ann_id(ann, ids[:36])
-    _ann_job(ann, ids[36:] or None)
-    _ann_document(ann, document)
-    _ann_document_type(ann, document_type)
-    _ann_kind(ann, wire.kind)
-    _ann_creditor(ann, wire.creditor)
-    _ann_amount(ann, amount)
-    _ann_occurred_on(ann, wire.occurred_on)
-    _ann_reason(ann, reason)
-    return ann
+    return CreditAnnotation(
+        ids[:36],
+        ids[36:] or None,
+        document,
+        document_type,
+        wire.kind,
+        wire.creditor,
+        amount,
+        wire.occurred_on,
+        reason,
+    )
 
 
 _BUILDERS: Final[dict[str, Callable[[Any], Record]]] = {

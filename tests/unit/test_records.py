@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from datetime import UTC, date, datetime
@@ -180,8 +179,10 @@ def test_uuids_lowercased() -> None:
 
 def test_records_are_frozen() -> None:
     record = decode_tx(tx())
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):  # immutable type: frozen msgspec Structs
         record.status = "PENDING"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        record.operations[0].amount = Decimal(1)  # type: ignore[misc]
     assert not hasattr(record, "__dict__")  # slots
 
 

@@ -34,12 +34,14 @@ RESCAN_COST_FACTOR = 10  # ... and at least this many times as long as the last 
 # parameters, usable as index conditions). A claim planned while the outbox was empty, with no
 # statistics (autovacuum may not have run an ANALYZE), read and sorted every pending row each
 # time: a 300,000-row job was relayed at 1,500 rows/s (benchmarks/RESULTS.md, section 10).
-# min(id) walks the pending index from the cursor, past the rows refused for now (few) and the
-# rows deleted since the last claim. ``start`` is where this claim's window began.
+# The first row is found by walking the pending index from the cursor, past the rows refused for
+# now (few) and the rows deleted since the last claim; ``start`` is where the window began.
 CLAIM = """
 WITH first AS MATERIALIZED (
-    SELECT min(id) AS id FROM outbox
+    SELECT id FROM outbox
     WHERE parked_at IS NULL AND available_at <= now() AND id >= $3
+    ORDER BY id
+    LIMIT 1
 )
 SELECT id, record_type, job_id, body, attempts, traceparent, tracestate,
        (SELECT id FROM first) AS start
@@ -51,6 +53,12 @@ ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED
 """
+
+# In the claim's transaction, before it: index scans only. Statistics taken while the outbox was
+# empty (autovacuum analyzes it between jobs) make a scan of every pending row look as cheap as
+# the walk to the first one: the first row was then found by a bitmap or sequential scan of the
+# whole next job, 15,000 pages a claim (benchmarks/RESULTS.md, "The outbox under churn").
+INDEX_SCANS_ONLY = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
 
 
 class ClaimCursor:
@@ -91,6 +99,7 @@ async def claim(
     conn: Connection, cursor: ClaimCursor, batch_size: int, window: int
 ) -> Sequence[asyncpg.Record]:
     """Claim up to ``batch_size`` rows in ``conn``'s open transaction, from ``cursor``."""
+    await conn.execute(INDEX_SCANS_ONLY)
     began_at = cursor.begin()
     started = time.monotonic()
     rows: Sequence[asyncpg.Record] = await conn.fetch(CLAIM, batch_size, window, began_at)

@@ -563,6 +563,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        name="claim-planned-with-every-scan",
+        path="bulk_recorder/producer/relay_claim.py",
+        old="    await conn.execute(INDEX_SCANS_ONLY)\n",
+        new="",
+        promise=PRODUCER,
+        tests=(
+            T_RELAY_CLAIM + "test_a_claim_walks_the_index_whatever_the_planner_makes_of_the"
+            "_statistics",
+        ),
+    ),
+    Mutant(
         name="claim-rescan-never-after-the-first",
         path="bulk_recorder/producer/relay_claim.py",
         old="self._rescan_due = self._clock() + max(RESCAN_EVERY_S, RESCAN_COST_FACTOR * took_s)",

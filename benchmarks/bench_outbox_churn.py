@@ -29,7 +29,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -45,6 +47,7 @@ from bulk_recorder.producer.relay_batch import _COUNT_PUBLISHED, _DELETE_SENT
 from bulk_recorder.producer.relay_claim import (
     CLAIM,
     CLAIM_WINDOW,
+    EVERY_SCAN,
     INDEX_SCANS_ONLY,
     ClaimCursor,
     claim,
@@ -106,6 +109,8 @@ async def _measure_claim(
         if sql is CLAIM:
             await conn.execute(INDEX_SCANS_ONLY)
         await conn.fetch(sql, *args)
+        if sql is CLAIM:
+            await conn.execute(EVERY_SCAN)
         times.append((time.perf_counter() - began) * 1000)
         await tx.rollback()
     async with conn.transaction():
@@ -263,6 +268,7 @@ def ratios(points: list[Point]) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # remove the server on a kill too
     settings = SERVER_SETTINGS + (f"autovacuum_naptime = {args.naptime}\n" if args.naptime else "")
     with private_server(f"churn-{args.variant}", settings) as server:
         dsn = server.dsn("churn")

@@ -172,6 +172,24 @@ async def test_a_claim_walks_the_index_whatever_the_planner_makes_of_the_statist
 
 
 @pytest.mark.postgres
+async def test_the_statements_after_the_claim_plan_with_every_scan(database_url: str, db) -> None:
+    """Index scans only is for the claim alone: with sequential scans off for the whole batch
+    transaction, the relay-activity stamp took 100-400 ms a batch (it walked its one row's dead
+    versions by index)."""
+    await migrate(database_url)
+    conn = await db()
+    await _fill(conn, 10, 300)
+    async with conn.transaction():
+        assert len(await claim(conn, ClaimCursor(), BATCH, WINDOW)) == 10
+        settings = await conn.fetchrow(
+            "SELECT current_setting('enable_seqscan') AS seq,"
+            " current_setting('enable_bitmapscan') AS bitmap"
+        )
+    assert settings is not None
+    assert (settings["seq"], settings["bitmap"]) == ("on", "on")
+
+
+@pytest.mark.postgres
 async def test_the_outbox_is_vacuumed_after_a_fixed_number_of_dead_rows_at_full_speed(
     database_url: str, db
 ) -> None:

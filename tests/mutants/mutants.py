@@ -574,6 +574,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        name="claim-leaves-index-scans-only-on",
+        path="bulk_recorder/producer/relay_claim.py",
+        old="    await conn.execute(EVERY_SCAN)\n",
+        new="",
+        promise=PRODUCER,
+        tests=(T_RELAY_CLAIM + "test_the_statements_after_the_claim_plan_with_every_scan",),
+    ),
+    Mutant(
         name="claim-rescan-never-after-the-first",
         path="bulk_recorder/producer/relay_claim.py",
         old="self._rescan_due = self._clock() + max(RESCAN_EVERY_S, RESCAN_COST_FACTOR * took_s)",

@@ -75,7 +75,6 @@ class ClaimCursor:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.floor = 0
-        self.rescans = 0
         self._clock = clock
         self._rescan_due = clock()  # a relay starts with a rescan
 
@@ -90,7 +89,6 @@ class ClaimCursor:
     def end(self, began_at: int, start: int | None, took_s: float) -> None:
         """A claim from ``began_at`` found its first available row at ``start`` (None: none)."""
         if began_at == 0:
-            self.rescans += 1
             self._rescan_due = self._clock() + max(RESCAN_EVERY_S, RESCAN_COST_FACTOR * took_s)
             if start is not None:
                 self.floor = start

@@ -3,7 +3,8 @@
 The relay, in each of its lanes, repeats one database transaction:
 
 1. claim up to ``batch_size`` unsent rows in id order with ``FOR UPDATE SKIP LOCKED`` (several
-   lanes and several relay processes take disjoint batches),
+   lanes and several relay processes take disjoint batches), looking from where the relay's
+   last claim started and now and then from the start (:mod:`~bulk_recorder.producer.relay_claim`),
 2. publish them all at once on a confirm channel (the whole batch in flight, never one confirm
    awaited after another) with the message properties of docs/messages.md and
    ``mandatory`` set, so that an unroutable message is never counted as sent,

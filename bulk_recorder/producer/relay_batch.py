@@ -26,6 +26,7 @@ from bulk_recorder.infra.broker import (
 from bulk_recorder.infra.db import Connection
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.outbox import stamp_published
+from bulk_recorder.producer.relay_claim import CLAIM_WINDOW, ClaimCursor, claim
 from bulk_recorder.producer.relay_tracing import NO_SPANS, Headers, PublishSpans, Spans
 from bulk_recorder.relay_settings import DEFAULT_BATCH_SIZE, DEFAULT_LANES, DEFAULT_POLL_INTERVAL_S
 
@@ -33,24 +34,6 @@ log = logging.getLogger(__name__)
 
 
 APP_ID = "bulk-recorder-relay"
-CLAIM_WINDOW = 4  # ids a claim looks at: this many batches for every lane
-
-# From the first available row, a window of ids: the rows a claim reads stay within the window
-# whatever plan PostgreSQL picks (the bounds are InitPlan parameters, usable as index
-# conditions). A claim planned while the outbox was empty, with no statistics (autovacuum may
-# not have run an ANALYZE), read and sorted every pending row each time: a 300,000-row job was
-# relayed at 1,500 rows/s (benchmarks/RESULTS.md, section 10). min(id) walks the pending index
-# from its start, past the rows refused for now (few).
-CLAIM = """
-SELECT id, record_type, job_id, body, attempts, traceparent, tracestate
-FROM outbox
-WHERE parked_at IS NULL AND available_at <= now()
-  AND id >= (SELECT min(id) FROM outbox WHERE parked_at IS NULL AND available_at <= now())
-  AND id < (SELECT min(id) FROM outbox WHERE parked_at IS NULL AND available_at <= now()) + $2
-ORDER BY id
-LIMIT $1
-FOR UPDATE SKIP LOCKED
-"""
 _DELETE_SENT = "DELETE FROM outbox WHERE id = ANY($1::bigint[])"
 _COUNT_PUBLISHED = """
 UPDATE credit_annotation_jobs AS j
@@ -125,11 +108,12 @@ class BatchSender:
         self.metrics = metrics
         self.exchange = exchange
         self.suspects: set[int] = set()
+        self.cursor = ClaimCursor()  # where the next claim starts (relay_claim.py)
 
     async def relay(self, conn: Connection, channel: AbstractChannel) -> BatchResult:
         """Claim, publish and settle one batch inside ``conn``'s open transaction."""
         window = CLAIM_WINDOW * self.config.batch_size * self.config.lanes
-        rows = await conn.fetch(CLAIM, self.config.batch_size, window)
+        rows = await claim(conn, self.cursor, self.config.batch_size, window)
         if not rows:
             return BatchResult(0, 0, 0, 0)
         # Rows refused before, or in flight when the broker closed a channel: one by one.

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bulk_recorder.infra.db import Connection, open_pool_when_ready
-from bulk_recorder.producer.relay_batch import CLAIM
+from bulk_recorder.producer.relay_claim import CLAIM
 
 pytestmark = [pytest.mark.postgres]
 
@@ -41,19 +41,19 @@ def _rows_read(plan: dict[str, Any]) -> int:
 async def claim_after_the_outbox_fills(conn: Connection) -> tuple[int, int]:
     """PREPARE the relay's claim, run it on the empty outbox until a generic plan may be
     cached, fill the outbox in one commit; then (rows claimed, most rows a scan read)."""
-    await conn.execute(f"PREPARE claim(int, bigint) AS {CLAIM}")
+    await conn.execute(f"PREPARE claim(int, bigint, bigint) AS {CLAIM}")
     for _ in range(8):
         async with conn.transaction():
-            await conn.execute(f"EXECUTE claim({BATCH}, {WINDOW})")
+            await conn.execute(f"EXECUTE claim({BATCH}, {WINDOW}, 0)")
     await conn.execute(
         "INSERT INTO outbox (record_type, record_id, body)"
         " SELECT 'credit_annotation', gen_random_uuid(), '{}'::bytea"
         f" FROM generate_series(1, {ROWS})"
     )
     async with conn.transaction():
-        claimed = len(await conn.fetch(f"EXECUTE claim({BATCH}, {WINDOW})"))
+        claimed = len(await conn.fetch(f"EXECUTE claim({BATCH}, {WINDOW}, 0)"))
         raw = await conn.fetchval(
-            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({BATCH}, {WINDOW})"
+            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({BATCH}, {WINDOW}, 0)"
         )
     return claimed, _rows_read(json.loads(raw)[0]["Plan"])
 

@@ -19,7 +19,7 @@ import pytest
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.producer.outbox import enqueue, notify
 from bulk_recorder.producer.relay import RelayConfig
-from bulk_recorder.producer.relay_batch import CLAIM_WINDOW
+from bulk_recorder.producer.relay_claim import CLAIM_WINDOW
 from consumer.tools.generator import Generator
 from tests.conftest import Broker, Services, wait_for
 from tests.integration.producer_support import api_client, running_relay

@@ -63,6 +63,8 @@ T_OUTBOX_STATS = (
     "test_outbox_gauges_count_waiting_rows_and_the_oldest_ones_age"
 )
 T_RELAY_WAKES = "tests/integration/test_relay_wakes.py::"
+T_RELAY_CLAIM = "tests/integration/test_relay_claim.py::"
+T_CLAIM_CURSOR = "tests/unit/test_claim_cursor.py::"
 T_BALANCES = "tests/integration/test_balances.py::"
 T_E2E = "tests/integration/test_e2e.py::"
 T_OUTBOX = "tests/integration/test_outbox.py::"
@@ -259,9 +261,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="outbox-row-deleted-before-the-confirm",
         path="bulk_recorder/producer/relay_batch.py",
-        old="rows = await conn.fetch(CLAIM, self.config.batch_size, window)\n",
+        old="rows = await claim(conn, self.cursor, self.config.batch_size, window)\n",
         new=(
-            "rows = await conn.fetch(CLAIM, self.config.batch_size, window)\n"
+            "rows = await claim(conn, self.cursor, self.config.batch_size, window)\n"
             '        await conn.execute(_DELETE_SENT, [r["id"] for r in rows])\n'
         ),
         promise=PRODUCER,
@@ -546,21 +548,77 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="claim-window-from-parked-rows",
-        path="bulk_recorder/producer/relay_batch.py",
-        old=(
-            "  AND id >= (SELECT min(id) FROM outbox WHERE parked_at IS NULL"
-            " AND available_at <= now())\n"
-            "  AND id < (SELECT min(id) FROM outbox WHERE parked_at IS NULL"
-            " AND available_at <= now()) + $2\n"
-        ),
-        new=(
-            "  AND id >= (SELECT min(id) FROM outbox)\n"
-            "  AND id < (SELECT min(id) FROM outbox) + $2\n"
-        ),
+        path="bulk_recorder/producer/relay_claim.py",
+        old="    WHERE parked_at IS NULL AND available_at <= now() AND id >= $3\n",
+        new="    WHERE id >= $3\n",
         promise=PRODUCER,
         tests=(
             "tests/integration/test_relay_batch.py::"
             "test_a_parked_row_far_below_the_rest_holds_up_nothing",
+        ),
+    ),
+    Mutant(
+        name="claim-from-the-start-of-the-outbox",
+        path="bulk_recorder/producer/relay_claim.py",
+        old="await conn.fetch(CLAIM, batch_size, window, began_at)",
+        new="await conn.fetch(CLAIM, batch_size, window, 0)",
+        promise=PRODUCER,
+        tests=(
+            T_RELAY_CLAIM + "test_a_claim_after_churn_held_by_a_long_transaction_reads_what_a"
+            "_fresh_one_does",
+        ),
+    ),
+    Mutant(
+        name="claim-planned-with-every-scan",
+        path="bulk_recorder/producer/relay_claim.py",
+        old="    await conn.execute(INDEX_SCANS_ONLY)\n",
+        new="",
+        promise=PRODUCER,
+        tests=(
+            T_RELAY_CLAIM + "test_a_claim_walks_the_index_whatever_the_planner_makes_of_the"
+            "_statistics",
+        ),
+    ),
+    Mutant(
+        name="claim-leaves-index-scans-only-on",
+        path="bulk_recorder/producer/relay_claim.py",
+        old="    await conn.execute(EVERY_SCAN)\n",
+        new="",
+        promise=PRODUCER,
+        tests=(T_RELAY_CLAIM + "test_the_statements_after_the_claim_plan_with_every_scan",),
+    ),
+    Mutant(
+        name="claim-rescan-never-after-the-first",
+        path="bulk_recorder/producer/relay_claim.py",
+        old="self._rescan_due = self._clock() + max(RESCAN_EVERY_S, RESCAN_COST_FACTOR * took_s)",
+        new='self._rescan_due = float("inf")',
+        promise=PRODUCER,
+        tests=(
+            T_RELAY_CLAIM + "test_a_row_committed_late_below_the_cursor_is_published",
+            T_CLAIM_CURSOR + "test_a_rescan_comes_every_second_or_ten_times_its_cost",
+        ),
+    ),
+    Mutant(
+        name="claim-cursor-raised-over-a-rescan",
+        path="bulk_recorder/producer/relay_claim.py",
+        old="elif start is not None and self.floor == began_at:",
+        new="elif start is not None:",
+        promise=PRODUCER,
+        tests=(
+            T_CLAIM_CURSOR + "test_a_claim_that_began_before_a_rescan_lowered_the_cursor_leaves"
+            "_it_there",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="outbox-vacuumed-at-the-default-scale",
+        path="bulk_recorder/sql/010_outbox_churn.sql",
+        old="autovacuum_vacuum_scale_factor = 0,",
+        new="autovacuum_vacuum_scale_factor = 0.2,",
+        promise=PRODUCER,
+        tests=(
+            T_RELAY_CLAIM + "test_the_outbox_is_vacuumed_after_a_fixed_number_of_dead_rows_at"
+            "_full_speed",
         ),
     ),
     Mutant(

@@ -27,21 +27,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from benchmarks.support.env import run_main
+from benchmarks.support.env import REPO, run_main
 from benchmarks.support.growth_load import fill_queue
 from benchmarks.support.growth_sql import (
     ACCOUNTS,
-    HELPERS,
     annotations_sql,
     balances_sql,
     create_index,
     drop_ledger_indexes,
+    helpers_sql,
     index_defs,
     relation_pages,
     restore_ledger_indexes,
@@ -57,9 +58,14 @@ from benchmarks.support.recorder import RecorderConfig, RecorderProcess, drain
 from benchmarks.support.services import temp_topology
 from benchmarks.support.stats import emit, progress, save_json
 from bulk_recorder.infra.migrate import migrate
+from consumer.topology import Topology
 from tests.rigs.postgres_server import PgServer
 
+KINDS = ["v4", "v7", "v7p"]
+PARTITIONING_SQL = REPO / "bulk_recorder" / "sql" / "partitioning" / "partitioned_ledger.sql"
+
 CHUNK = 500_000
+PARTITION_DAYS = 30  # v7p: the prefill spread over this many daily partitions
 TABLE_OF = {"transaction": "transactions", "credit_annotation": "credit_annotations"}
 SECONDARY = {
     "transaction": ["transactions_ledger_created_idx", "operations_transaction_idx",
@@ -93,13 +99,18 @@ class Run:
         self.args = args
         self.server = server
         self.prefilled: dict[str, int] = dict.fromkeys(args.ids, 0)
+        self.partitioning_sql = ""
+        if "v7p" in args.ids:
+            path = Path(args.partitioning_sql)
+            if not path.exists():
+                raise SystemExit(f"v7p needs the partitioning script: {path} is missing")
+            self.partitioning_sql = path.read_text(encoding="utf-8")
         self.out: dict[str, Any] = {
             "settings": server_settings(args),
             "count": args.count,
             "types": args.types,
             "ids": args.ids,
             "compression": args.compression,
-            "schema": args.schema,
             "accounts": args.accounts,
             "prefill": "indexes built after the load, fillfactor 70 where led by a random key",
             "points": [],
@@ -133,9 +144,24 @@ class Run:
             await migrate(self.dsn(kind))
             conn = await self.connect(kind)
             try:
-                await conn.execute(HELPERS)
+                if kind == "v7p":
+                    await self.partition(conn)
+                else:
+                    await conn.execute(helpers_sql())
             finally:
                 await conn.close()
+
+    async def partition(self, conn: asyncpg.Connection) -> None:
+        """The ledger tables partitioned by day of (v7) id, PARTITIONS_DAYS days of prefill
+        behind today (a partition each), today's and the next days' partitions for the drain."""
+        await conn.execute(self.partitioning_sql)
+        step = max(1, PARTITION_DAYS * 86_400_000 // max(max(self.args.points), 1))
+        await conn.execute(helpers_sql(days=PARTITION_DAYS + 1, step_ms=step))
+        await conn.execute(
+            "SELECT count(*) FROM bulk_recorder_create_partitions("
+            "now() - make_interval(days => $1), now() + interval '2 days', 'day')",
+            PARTITION_DAYS + 1,
+        )
 
     async def grow(self, kind: str, target: int) -> dict[str, float]:
         """Prefill ``kind``'s database up to ``target`` transactions (and annotations)."""
@@ -218,10 +244,15 @@ class Run:
         count: int,
         *,
         checkpoint_every: int = 0,
+        filled: Topology | None = None,
     ) -> dict[str, Any]:
+        """One drain; ``filled``: a queue already holding the ``count`` records."""
         await self.set_compression(compression)
-        async with temp_topology("bench_growth") as topology:
-            await fill_queue(topology, count, record_type, kind, self.args.accounts)
+        async with contextlib.AsyncExitStack() as stack:
+            topology = filled
+            if topology is None:
+                topology = await stack.enter_async_context(temp_topology("bench_growth"))
+                await fill_queue(topology, count, record_type, kind, self.args.accounts)
             conn = await self.connect(kind)
             try:
                 return await self._measure(
@@ -300,25 +331,57 @@ class Run:
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    return [(k, t, c) for k in args.ids for t in args.types for c in args.compression]
+    """Every id kind x record type x wal_compression; v7p with wal_compression off only (the
+    setting's effect is measured on the plain tables)."""
+    return [
+        (k, t, c)
+        for k in args.ids
+        for t in args.types
+        for c in args.compression
+        if k != "v7p" or c == "off"
+    ]
 
 
-async def measure_point(run: Run, size: int) -> None:
-    args = run.args
+def schedule(args: argparse.Namespace) -> list[tuple[int, str, str, str]]:
+    """(round, kind, record type, wal_compression) in the order they run: rotated a round."""
     combos = variants(args)
+    out: list[tuple[int, str, str, str]] = []
     for r in range(args.rounds):
         shift = r % len(combos)
-        for kind, record_type, compression in combos[shift:] + combos[:shift]:
-            progress(f"size {size:,} round {r + 1}/{args.rounds}: {kind} {record_type} "
-                     f"wal_compression={compression}")  # fmt: skip
-            figures = await run.drain_round(kind, record_type, compression, args.count)
-            run.out["rounds"].append(
-                {"size": size, "round": r, "kind": kind, "type": record_type,
-                 "compression": compression, **figures}
-            )  # fmt: skip
-            run.save()
-            progress(f"  {figures['rate']:,.0f} msg/s, {figures['wal_bytes'] / args.count:,.0f} "
-                     f"WAL B/record, {figures['wal_fpi'] / args.count:.2f} FPI/record")  # fmt: skip
+        out.extend((r, *combo) for combo in combos[shift:] + combos[:shift])
+    return out
+
+
+async def fill_ahead(
+    run: Run, stack: contextlib.AsyncExitStack, queues: dict[tuple[int, str, str, str], Topology]
+) -> None:
+    """Fill a queue for each round of the point (while the prefill runs: the broker and the
+    publisher use the CPU PostgreSQL leaves)."""
+    for key in schedule(run.args):
+        _, kind, record_type, _ = key
+        topology = await stack.enter_async_context(temp_topology("bench_growth"))
+        await fill_queue(topology, run.args.count, record_type, kind, run.args.accounts)
+        queues[key] = topology
+
+
+async def measure_point(
+    run: Run, size: int, queues: dict[tuple[int, str, str, str], Topology]
+) -> None:
+    args = run.args
+    for key in schedule(args):
+        r, kind, record_type, compression = key
+        progress(f"size {size:,} round {r + 1}/{args.rounds}: {kind} {record_type} "
+                 f"wal_compression={compression}")  # fmt: skip
+        figures = await run.drain_round(
+            kind, record_type, compression, args.count, filled=queues[key]
+        )
+        run.out["rounds"].append(
+            {"size": size, "round": r, "kind": kind, "type": record_type,
+             "compression": compression, **figures}
+        )  # fmt: skip
+        run.save()
+        progress(f"  {figures['rate']:,.0f} msg/s, {figures['wal_bytes'] / args.count:,.0f} "
+                 f"WAL B/record, {figures['wal_fpi'] / args.count:.2f} FPI/record")  # fmt: skip
 
 
 async def index_rounds(run: Run, size: int) -> None:
@@ -351,7 +414,7 @@ async def index_rounds(run: Run, size: int) -> None:
 
 async def checkpoint_spacing(run: Run, size: int) -> None:
     args = run.args
-    for kind in args.ids:
+    for kind in args.spacing_in or args.ids:
         for every in args.checkpoint_every:
             progress(f"size {size:,}: {kind}, {args.spacing_count:,} records, CHECKPOINT every "
                      f"{every or 'never'}")  # fmt: skip
@@ -373,8 +436,6 @@ async def main_async(args: argparse.Namespace) -> None:
         args.accounts = 10_000
     if not available():
         raise SystemExit("PostgreSQL 15 server binaries not found (/usr/lib/postgresql/15/bin)")
-    if args.schema != "plain":
-        raise SystemExit(f"--schema {args.schema}: no partitioned schema in this tree yet")
     facts = await machine_facts()
     emit("Machine", facts_table(facts))
     with private_server(server_settings(args), Path(args.data_base)) as server:
@@ -383,11 +444,15 @@ async def main_async(args: argparse.Namespace) -> None:
         run.out["server"] = await server_facts(server)
         await run.create_databases()
         for size in sorted(args.points):
-            took = await asyncio.gather(*(run.grow(kind, size) for kind in args.ids))
-            for kind, spent in zip(args.ids, took, strict=True):
-                await run.describe_point(kind, size, spent)
-            run.save()
-            await measure_point(run, size)
+            async with contextlib.AsyncExitStack() as stack:
+                queues: dict[tuple[int, str, str, str], Topology] = {}
+                filler = asyncio.create_task(fill_ahead(run, stack, queues))
+                took = await asyncio.gather(*(run.grow(kind, size) for kind in args.ids))
+                await filler
+                for kind, spent in zip(args.ids, took, strict=True):
+                    await run.describe_point(kind, size, spent)
+                run.save()
+                await measure_point(run, size, queues)
         largest = max(args.points)
         if args.drop_indexes:
             await index_rounds(run, largest)
@@ -418,16 +483,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--count", type=int, default=30_000, help="records a round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--accounts", type=int, default=ACCOUNTS, help="the accounts' universe")
-    parser.add_argument("--ids", nargs="+", default=["v4", "v7"], choices=["v4", "v7"])
+    parser.add_argument(
+        "--ids",
+        nargs="+",
+        default=["v4", "v7"],
+        choices=KINDS,
+        help="v4: random ids, v7: time-ordered, v7p: v7 with the ledger tables "
+        "partitioned by day of id",
+    )
     parser.add_argument("--types", nargs="+", default=["transaction", "credit_annotation"],
                         choices=list(TABLE_OF))  # fmt: skip
     parser.add_argument("--compression", nargs="+", default=["off", "on"])
-    parser.add_argument(
-        "--schema",
-        default="plain",
-        choices=["plain", "partitioned"],
-        help="partitioned: the ledger tables partitioned by id range (hook)",
-    )
+    parser.add_argument("--partitioning-sql", default=str(PARTITIONING_SQL),
+                        help="v7p: the script that partitions the ledger tables")  # fmt: skip
     parser.add_argument("--no-walinspect", dest="walinspect", action="store_false")
     parser.add_argument(
         "--drop-indexes",
@@ -447,6 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=[10_000, 30_000, 0],
         help="0: no forced checkpoint",
+    )
+    parser.add_argument(
+        "--spacing-in",
+        nargs="*",
+        choices=KINDS,
+        help="the id kinds of the spacing drains (default: all of --ids)",
     )
     parser.add_argument("--spacing-count", type=int, default=90_000)
     parser.add_argument("--shared-buffers", default="3GB")

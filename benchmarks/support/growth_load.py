@@ -42,13 +42,13 @@ class GrowthGenerator(Generator):
             documents=base.documents,
             organization_id=md5_uuid("org0"),
             ledger_id=md5_uuid("ledger0"),
-            job_id=base.job_id if kind == "v7" else str(uuid.uuid4()),
+            job_id=str(uuid.uuid4()) if kind == "v4" else base.job_id,
             kind=kind,
             universe=universe,
         )
 
     def new_id(self) -> str:
-        return uuid7(self.rng) if self.kind == "v7" else str(uuid.uuid4())
+        return str(uuid.uuid4()) if self.kind == "v4" else uuid7(self.rng)
 
     def transaction(self) -> dict[str, Any]:
         record = Generator.transaction(self)

@@ -31,8 +31,9 @@ SIZE_TABLES = (*LEDGER_TABLES, "balances")
 
 HELPERS = """
 CREATE EXTENSION IF NOT EXISTS pg_walinspect;
-CREATE TABLE IF NOT EXISTS bench_meta (base_ms bigint NOT NULL);
-INSERT INTO bench_meta SELECT (extract(epoch FROM now()) * 1000)::bigint - 2 * 86400000
+CREATE TABLE IF NOT EXISTS bench_meta (base_ms bigint NOT NULL, step_ms bigint NOT NULL);
+INSERT INTO bench_meta
+    SELECT (extract(epoch FROM now()) * 1000)::bigint - {days} * 86400000::bigint, {step_ms}
     WHERE NOT EXISTS (SELECT FROM bench_meta);
 -- RFC 9562 UUIDv7: 48-bit Unix ms, version 7, 12 + 62 random bits (variant 10) from a v4.
 CREATE OR REPLACE FUNCTION bench_uuid7(ms bigint) RETURNS uuid LANGUAGE sql VOLATILE AS $$
@@ -47,6 +48,11 @@ $$;
 """
 
 
+def helpers_sql(days: int = 2, step_ms: int = 1) -> str:
+    """The helpers, and the prefill's timeline: ``days`` ago, ``step_ms`` a transaction."""
+    return HELPERS.replace("{days}", str(days)).replace("{step_ms}", str(step_ms))
+
+
 def account_uuid_sql(expr: str) -> str:
     return f"md5('acct' || ({expr}))::uuid"
 
@@ -57,7 +63,7 @@ def _id(kind: str, ms: str) -> str:
 
 def transactions_sql(kind: str, accounts: int = ACCOUNTS) -> str:
     """Insert transactions $1 <= i < $2 and their two operations each."""
-    ms = "(m.base_ms + g)"
+    ms = "(m.base_ms + g * m.step_ms)"
     return f"""
 WITH t AS (
     INSERT INTO transactions (id, organization_id, ledger_id, description, status, asset_code,
@@ -79,8 +85,8 @@ FROM t CROSS JOIN (VALUES ('DEBIT'), ('CREDIT')) k(type)
 
 def annotations_sql(kind: str) -> str:
     """Insert credit annotations $1 <= i < $2 (a job per JOB_LINES lines, random documents)."""
-    ms = "(m.base_ms + g)"
-    job_ms = f"(m.base_ms + (g / {JOB_LINES}) * {JOB_LINES})"
+    ms = "(m.base_ms + g * m.step_ms)"
+    job_ms = f"(m.base_ms + (g / {JOB_LINES}) * {JOB_LINES} * m.step_ms)"
     job = (
         f"md5('job' || (g / {JOB_LINES}))::uuid"
         if kind == "v4"
@@ -139,11 +145,21 @@ async def foreign_keys(conn: asyncpg.Connection) -> list[tuple[str, str, str]]:
     rows = await conn.fetch(
         """
         SELECT conrelid::regclass::text AS tbl, conname, pg_get_constraintdef(oid) AS def
-        FROM pg_constraint WHERE contype = 'f' AND conrelid::regclass::text = ANY($1::text[])
+        FROM pg_constraint WHERE contype = 'f' AND conparentid = 0
+          AND conrelid::regclass::text = ANY($1::text[])
         """,
         list(LEDGER_TABLES),
     )
     return [(r["tbl"], r["conname"], r["def"]) for r in rows]
+
+
+async def partitioned(conn: asyncpg.Connection, table: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT FROM pg_partitioned_table WHERE partrelid = $1::regclass)",
+            table,
+        )
+    )
 
 
 async def drop_ledger_indexes(
@@ -161,7 +177,9 @@ async def drop_ledger_indexes(
 
 
 def with_fillfactor(definition: str, fillfactor: int) -> str:
-    """The definition with ``WITH (fillfactor = N)`` before its WHERE (or at its end)."""
+    """The definition with ``WITH (fillfactor = N)`` before its WHERE (or at its end), in place
+    of any storage parameters it had."""
+    definition = re.sub(r" WITH \([^)]*\)", "", definition)
     match = re.search(r"\) WHERE ", definition)
     where = match.start() + 1 if match else len(definition)
     return f"{definition[:where]} WITH (fillfactor = {fillfactor}){definition[where:]}"
@@ -169,6 +187,9 @@ def with_fillfactor(definition: str, fillfactor: int) -> str:
 
 async def create_index(conn: asyncpg.Connection, ix: IndexDef, kind: str) -> None:
     fill = 70 if random_keyed(ix.name, kind) else 90
+    if await partitioned(conn, ix.table):
+        await _create_partitioned_index(conn, ix, fill)
+        return
     await conn.execute(with_fillfactor(ix.definition, fill))
     await conn.execute(f"ALTER INDEX {ix.name} RESET (fillfactor)")
     if ix.constraint:
@@ -176,6 +197,26 @@ async def create_index(conn: asyncpg.Connection, ix: IndexDef, kind: str) -> Non
             f"ALTER TABLE {ix.table} ADD CONSTRAINT {ix.constraint} PRIMARY KEY USING INDEX "
             f"{ix.name}"
         )
+
+
+async def _create_partitioned_index(conn: asyncpg.Connection, ix: IndexDef, fill: int) -> None:
+    """On a partitioned table: the index of every partition (ON the parent, not ON ONLY);
+    a primary key is added as a constraint (PostgreSQL has no USING INDEX for partitioned
+    tables), with the default page fill of a build."""
+    definition = ix.definition.replace(" ON ONLY ", " ON ")
+    if ix.constraint:
+        columns = definition[definition.index(" USING btree ") + len(" USING btree ") :]
+        await conn.execute(
+            f"ALTER TABLE {ix.table} ADD CONSTRAINT {ix.constraint} PRIMARY KEY {columns}"
+        )
+        return
+    await conn.execute(with_fillfactor(definition, fill))
+    children = await conn.fetch(
+        "SELECT inhrelid::regclass::text AS c FROM pg_inherits WHERE inhparent = $1::regclass",
+        ix.name,
+    )
+    for child in children:
+        await conn.execute(f"ALTER INDEX {child['c']} RESET (fillfactor)")
 
 
 async def restore_ledger_indexes(
@@ -223,9 +264,10 @@ async def wal_between(conn: asyncpg.Connection, a: WalMark, b: WalMark) -> int:
 
 
 async def table_sizes(conn: asyncpg.Connection) -> dict[str, int]:
-    """pg_total_relation_size (heap + indexes + TOAST) of each table, in bytes."""
+    """pg_total_relation_size (heap + indexes + TOAST) of each table and its partitions."""
     rows = await conn.fetch(
-        "SELECT t, pg_total_relation_size(t::regclass) AS s FROM unnest($1::text[]) t",
+        "SELECT t, (SELECT sum(pg_total_relation_size(p.relid)) FROM pg_partition_tree(t) p) AS s"
+        " FROM unnest($1::text[]) t",
         list(SIZE_TABLES),
     )
     return {r["t"]: int(r["s"]) for r in rows}
@@ -247,13 +289,15 @@ async def relation_pages(conn: asyncpg.Connection) -> dict[str, int]:
 # pg_walinspect (PG15): one row per WAL record; the relation is the first block reference's
 # relfilenode; a record without block (commit, running xacts) counts under "-".
 PER_RELATION = r"""
-SELECT coalesce(pg_filenode_relation(0, (m[1])::oid)::text,
+SELECT coalesce(coalesce(pg_partition_root(pg_filenode_relation(0, (m[1])::oid)),
+                         pg_filenode_relation(0, (m[1])::oid))::text,
                 CASE WHEN m IS NULL THEN '-' ELSE 'filenode ' || m[1] END) AS rel,
        count(*) AS records, sum(record_length)::bigint AS bytes,
        sum(fpi_length)::bigint AS fpi_bytes,
        sum((SELECT count(*) FROM regexp_matches(coalesce(block_ref, ''), 'FPW', 'g')))::bigint
            AS fpis
-FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn) w
+FROM pg_get_wal_records_info($1::text::pg_lsn,
+                             least($2::text::pg_lsn, pg_current_wal_flush_lsn())) w
 LEFT JOIN LATERAL regexp_match(coalesce(block_ref, ''), 'rel \d+/\d+/(\d+)') m ON true
 GROUP BY 1 ORDER BY 3 DESC
 """

@@ -266,7 +266,8 @@ async def wal_between(conn: asyncpg.Connection, a: WalMark, b: WalMark) -> int:
 async def table_sizes(conn: asyncpg.Connection) -> dict[str, int]:
     """pg_total_relation_size (heap + indexes + TOAST) of each table and its partitions."""
     rows = await conn.fetch(
-        "SELECT t, (SELECT sum(pg_total_relation_size(p.relid)) FROM pg_partition_tree(t) p) AS s"
+        "SELECT t, coalesce((SELECT sum(pg_total_relation_size(p.relid))"
+        " FROM pg_partition_tree(t) p), pg_total_relation_size(t)) AS s"
         " FROM unnest($1::text[]) t",
         list(SIZE_TABLES),
     )

@@ -1,6 +1,6 @@
 """Tables of the growth benchmark, from its JSON (``bench_growth --json``), and the 50M model.
 
-    python -m benchmarks.growth_report benchmarks/results/bench_growth.json
+    python -m benchmarks.growth_report benchmarks/results/bench_growth.json [more.json ...]
 
 Extrapolation (``predict``): a relation whose writes land on random pages (an index led by a
 random key, the balances), P pages hit k times between two checkpoints, writes
@@ -50,10 +50,23 @@ def _per_record(rows: list[dict[str, Any]], key: str, count: int) -> Stat:
     return Stat([r[key] / count for r in rows])
 
 
-def _ratio(rows: list[dict[str, Any]], base: list[dict[str, Any]], key: str) -> Stat:
-    """Per-round ratios, round i against the empty point's round i (same run)."""
-    by_round = {b["round"]: b[key] for b in base}
-    return Stat([r[key] / by_round[r["round"]] for r in rows if by_round.get(r["round"])])
+def _ratio(
+    rows: list[dict[str, Any]], base: list[dict[str, Any]], key: str, *, same_run: bool = True
+) -> Stat:
+    """Per-round ratios, round i against the empty point's round i of the same run; with
+    ``same_run=False`` (deterministic figures such as WAL bytes) against the median of the
+    empty point's rounds of any run."""
+    if not same_run:
+        mid = _median([b[key] for b in base])
+        return Stat([r[key] / mid for r in rows] if base and mid else [])
+    by_round = {(b.get("run", 0), b["round"]): b[key] for b in base}
+    return Stat(
+        [
+            r[key] / by_round[(r.get("run", 0), r["round"])]
+            for r in rows
+            if by_round.get((r.get("run", 0), r["round"]))
+        ]
+    )
 
 
 def avg_disk(points: list[dict[str, Any]], kind: str, size: int, record_type: str) -> float:
@@ -86,7 +99,7 @@ def main_table(out: dict[str, Any]) -> str:
                 _ratio(rs, base, "rate").fmt(2, "x"),
                 Stat([r["cpu_us"] for r in rs]).fmt(0),
                 _per_record(rs, "wal_bytes", count).fmt(0),
-                _ratio(rs, base, "wal_bytes").fmt(2, "x"),
+                _ratio(rs, base, "wal_bytes", same_run=False).fmt(2, "x"),
                 fpi.fmt(2),
                 _per_record(rs, "disk_bytes", count).fmt(0),
                 _fmt(avg_disk(out["points"], kind, size, record_type)),
@@ -322,7 +335,18 @@ def render(out: dict[str, Any]) -> list[tuple[str, str]]:
     return sections
 
 
+def merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' JSON as one (same records a round): each round keeps its run's number, so
+    that rates are compared within a run only."""
+    out = dict(runs[0])
+    for key in ("points", "rounds", "index_rounds", "checkpoint_spacing"):
+        out[key] = [{**x, "run": i} for i, run in enumerate(runs) for x in run.get(key, [])]
+    if any(run["count"] != out["count"] for run in runs):
+        raise SystemExit("runs with different records a round cannot be merged")
+    return out
+
+
 if __name__ == "__main__":
-    data = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    data = merge([json.loads(Path(a).read_text(encoding="utf-8")) for a in sys.argv[1:]])
     for title, body in render(data):
         print(f"\n### {title}\n\n{body}\n")

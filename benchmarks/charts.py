@@ -185,9 +185,17 @@ _GROWTH_PANELS = (
 
 
 def growth_chart(folder: Path) -> Path | None:
-    """bench_growth: each figure against the rows already in the tables, a line per variant."""
-    data = _load(folder, "bench_growth")
-    if data is None or not data.get("rounds"):
+    """bench_growth (every bench_growth*.json of the folder): each figure against the rows
+    already in the tables, a line per variant."""
+    from benchmarks.growth_report import merge
+
+    runs = [
+        json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("bench_growth*.json"))
+    ]
+    if not runs:
+        return None
+    data = merge(runs)  # the main run and any smaller runs beside it (same records a round)
+    if not data.get("rounds"):
         return None
     count = data["count"]
     types = sorted({r["type"] for r in data["rounds"]}, reverse=True)

@@ -180,7 +180,7 @@ _GROWTH_PANELS = (
     ("rate", "msg/s"),
     ("cpu_us", "CPU us/record (recorder + backends)"),
     ("wal_bytes", "WAL bytes/record"),
-    ("disk_bytes", "disk bytes/record (table + indexes)"),
+    ("disk_bytes", "disk bytes/record added in the round (table + indexes)"),
 )
 
 

@@ -268,28 +268,27 @@ def predict(
 def extrapolation_table(
     out: dict[str, Any], target: int = 50_000_000, rates: tuple[int, ...] = (5_000,)
 ) -> str:
-    """The model checked against the largest point (from the smallest), then carried to
-    ``target`` rows, at a round's records per checkpoint and at 5 and 15 minutes of ``rates``
-    records/s."""
-    sizes = sorted({p["size"] for p in out["points"] if p["size"] > 0})
-    if not sizes:
-        return "(no non-empty point)"
+    """For each variant: the model checked against its largest point (from its smallest), then
+    carried from the largest to ``target`` rows, at a round's records per checkpoint and at 5 and
+    15 minutes of ``rates`` records/s."""
     groups = _group(out["rounds"])
     spans = [(f"{m} min at {r:,}/s", r * m * 60) for r in rates for m in (5, 15)]
     rows = []
     for record_type, kind, comp in sorted({(t, k, c) for (t, k, c, _) in groups}):
-        if kind == "v7p":  # its current partition's size is set by the span, not the total
+        sizes = sorted(s for (t, k, c, s) in groups if (t, k, c) == (record_type, kind, comp))
+        sizes = [s for s in sizes if s > 0]
+        if kind == "v7p" or not sizes:  # v7p: today's partition's size is set by the span
             continue
-        measured = groups.get((record_type, kind, comp, sizes[-1]), [])
+        measured = groups[(record_type, kind, comp, sizes[-1])]
         empty = groups.get((record_type, kind, comp, 0), [])
-        if not measured:
-            continue
         m_wal = _median([r["wal_bytes"] / out["count"] for r in measured])
         e_wal = _median([r["wal_bytes"] / out["count"] for r in empty]) if empty else math.nan
         check = predict(out, record_type, kind, comp, sizes[0], sizes[-1])
         far = predict(out, record_type, kind, comp, sizes[-1], target)
         cells = [
-            f"{_fmt(check[0]) if check else '-'} (measured {_fmt(m_wal)})",
+            f"{_size(sizes[0])} -> {_size(sizes[-1])}: {_fmt(check[0])} (measured {_fmt(m_wal)})"
+            if check and len(sizes) > 1
+            else f"(one point, {_size(sizes[-1])}: measured {_fmt(m_wal)})",
             f"{_fmt(far[0])} ({_fmt(far[1], 2)} FPI)" if far else "-",
             (_fmt(far[0] / e_wal, 2) + "x") if far and e_wal == e_wal else "-",
         ]
@@ -297,10 +296,9 @@ def extrapolation_table(
             cp = predict(out, record_type, kind, comp, sizes[-1], target, per_checkpoint=n)
             cells.append(f"{_fmt(cp[0])} ({_fmt(cp[1], 2)} FPI)" if cp else "-")
         rows.append((record_type, kind, comp, *cells))
-    first, last, far_s = _size(sizes[0]), _size(sizes[-1]), _size(target)
+    far_s = _size(target)
     return table(
-        ["record", "ids", "wal_compression",
-         f"model {first} -> {last}, WAL B/record",
+        ["record", "ids", "wal_compression", "model checked, WAL B/record",
          f"{far_s}, a round ({out['count']:,} records) between checkpoints",
          f"{far_s} vs empty", *(f"{far_s}, checkpoint every {label}" for label, _ in spans)],
         rows,

@@ -71,7 +71,7 @@ TABLE_SETTINGS = (  # what migration 010 sets
     "autovacuum_vacuum_threshold",
     "autovacuum_vacuum_cost_delay",
 )
-SERVER_SETTINGS = "fsync = off\nsynchronous_commit = off\n"  # durability is not measured here
+SERVER_SETTINGS = {"fsync": "off", "synchronous_commit": "off"}  # durability is not measured here
 
 
 @dataclass
@@ -269,8 +269,8 @@ def ratios(points: list[Point]) -> str:
 
 async def main(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # remove the server on a kill too
-    settings = SERVER_SETTINGS + (f"autovacuum_naptime = {args.naptime}\n" if args.naptime else "")
-    with private_server(f"churn-{args.variant}", settings) as server:
+    settings = {**SERVER_SETTINGS, **({"autovacuum_naptime": args.naptime} if args.naptime else {})}
+    with private_server(settings, name=f"churn-{args.variant}") as server:
         dsn = server.dsn("churn")
         await migrate(dsn)
         if args.table_settings == "none":

@@ -176,9 +176,53 @@ def limits_chart(folder: Path) -> Path | None:
     return _save(fig, folder / "limits.png")
 
 
+_GROWTH_PANELS = (
+    ("rate", "msg/s"),
+    ("cpu_us", "CPU us/record (recorder + backends)"),
+    ("wal_bytes", "WAL bytes/record"),
+    ("disk_bytes", "disk bytes/record added in the round (table + indexes)"),
+)
+
+
+def growth_chart(folder: Path) -> Path | None:
+    """bench_growth (every bench_growth*.json of the folder): each figure against the rows
+    already in the tables, a line per variant."""
+    from benchmarks.growth_report import merge
+
+    runs = [
+        json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("bench_growth*.json"))
+    ]
+    if not runs:
+        return None
+    data = merge(runs)  # the main run and any smaller runs beside it (same records a round)
+    if not data.get("rounds"):
+        return None
+    count = data["count"]
+    types = sorted({r["type"] for r in data["rounds"]}, reverse=True)
+    fig, axes = plt.subplots(len(types), 4, figsize=(20, 4.5 * len(types)), squeeze=False)
+    for row, record_type in zip(axes, types, strict=True):
+        lines: dict[str, dict[int, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+        for r in data["rounds"]:
+            if r["type"] == record_type:
+                label = f"{r['kind']}, wal_compression {r['compression']}"
+                lines[label][r["size"]].append(r)
+        for ax, (key, unit) in zip(row, _GROWTH_PANELS, strict=True):
+            for label, by_size in sorted(lines.items()):
+                sizes = sorted(by_size)
+                per = [1.0 if key in ("rate", "cpu_us") else 1.0 / count]
+                ys = [statistics.median(r[key] * per[0] for r in by_size[s]) for s in sizes]
+                ax.plot([s / 1e6 for s in sizes], ys, "-o", label=label)
+            ax.set_title(f"{record_type}: {unit}")
+            ax.set_xlabel("rows already in the table (millions)")
+            ax.set_ylim(bottom=0)
+        row[0].legend(fontsize=8)
+    fig.suptitle(f"Growth: {count:,} records a round, one recorder, CHECKPOINT before each round")
+    return _save(fig, folder / "growth.png")
+
+
 def draw_all(folder: Path) -> list[Path]:
     out = []
-    for draw in (e2e_chart, sweep_chart, latency_chart, writer_chart, limits_chart):
+    for draw in (e2e_chart, sweep_chart, latency_chart, writer_chart, limits_chart, growth_chart):
         path = draw(folder)
         if path is not None:
             out.append(path)

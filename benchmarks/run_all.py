@@ -1,8 +1,9 @@
 """Run the benchmark set, keep every table, draw the charts (``make bench``).
 
     python -m benchmarks.run_all                 # the standard set, ~10-15 min on 2 cores
-    python -m benchmarks.run_all --full --out benchmarks/results   # RESULTS.md (~1 h)
+    python -m benchmarks.run_all --full --out benchmarks/results   # RESULTS.md (~3 h)
     python -m benchmarks.run_all --only bench_e2e bench_sweep
+    python -m benchmarks.run_all --only bench_growth           # its quick mode (a few minutes)
 
 Each benchmark runs as its own process (``python -m benchmarks.<name> ...``); its tables go
 to ``<out>/<name>.md`` (and to the screen), its raw figures to ``<out>/<name>.json``, and the
@@ -39,7 +40,29 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "bench_latency": ([], ["--loads", "250", "1000", "2000", "4000", "--seconds", "20"]),
     "bench_memory": ([], ["--count", "300000"]),
     "bench_scale": ([], ["--count", "60000"]),
+    # full set only: a private PostgreSQL server, tens of millions of rows prefilled (~1-2 h)
+    "bench_growth": (
+        ["--quick"],
+        [
+            "--ids",
+            "v4",
+            "v7",
+            "v7p",
+            "--points",
+            "0",
+            "2000000",
+            "10000000",
+            "--rounds",
+            "2",
+            "--drop-in",
+            "v7",
+            "--spacing-in",
+            "v4",
+            "v7",
+        ],
+    ),
 }
+FULL_ONLY = {"bench_growth"}
 
 
 def run(name: str, extra: list[str], out: Path) -> tuple[int, float]:
@@ -77,6 +100,8 @@ def main() -> None:
     timings = []
     for name, (standard, full) in BENCHMARKS.items():
         if args.only and name not in args.only:
+            continue
+        if name in FULL_ONLY and not args.full and not args.only:
             continue
         code, seconds = run(name, full if args.full else standard, out)
         timings.append((name, seconds, code))

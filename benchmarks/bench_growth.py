@@ -72,6 +72,15 @@ SECONDARY = {
                     "operations_account_idx"],
     "credit_annotation": ["credit_annotations_document_idx", "credit_annotations_job_idx"],
 }  # fmt: skip
+# Not in the shipped schema since migration 011 (no query of the project reads them); a
+# deployment that serves account statements or look-ups by document from this database creates
+# them as docs/performance.md says. --optional-indexes measures such a deployment.
+OPTIONAL_INDEXES = {
+    "operations_account_idx": "CREATE INDEX operations_account_idx"
+    " ON operations (account_id, created_at)",
+    "credit_annotations_document_idx": "CREATE INDEX credit_annotations_document_idx"
+    " ON credit_annotations (document)",
+}
 
 
 def server_settings(args: argparse.Namespace) -> dict[str, str]:
@@ -144,6 +153,9 @@ class Run:
             await migrate(self.dsn(kind))
             conn = await self.connect(kind)
             try:
+                if self.args.optional_indexes:
+                    for statement in OPTIONAL_INDEXES.values():
+                        await conn.execute(statement)
                 if kind == "v7p":
                     await self.partition(conn)
                 else:
@@ -392,7 +404,10 @@ async def index_rounds(run: Run, size: int) -> None:
             for name in (n for n in SECONDARY[record_type] if n in args.drop_indexes):
                 conn = await run.connect(kind)
                 try:
-                    ix = next(i for i in await index_defs(conn) if i.name == name)
+                    found = [i for i in await index_defs(conn) if i.name == name]
+                    if not found:  # an optional index this run did not create
+                        continue
+                    ix = found[0]
                     await conn.execute(f"DROP INDEX {name}")
                 finally:
                     await conn.close()
@@ -497,6 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--partitioning-sql", default=str(PARTITIONING_SQL),
                         help="v7p: the script that partitions the ledger tables")  # fmt: skip
     parser.add_argument("--no-walinspect", dest="walinspect", action="store_false")
+    parser.add_argument(
+        "--optional-indexes",
+        action="store_true",
+        help="add the indexes migration 011 dropped (account statements, documents)",
+    )
     parser.add_argument(
         "--drop-indexes",
         nargs="*",

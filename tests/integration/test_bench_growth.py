@@ -37,7 +37,7 @@ def test_quick_mode_end_to_end(tmp_path: Path) -> None:
     before = set(data_base.glob("br-growth-pg-*"))
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_growth", "--quick", "--ids", "v7",
-         "--types", "transaction", "--drop-indexes", "operations_account_idx",
+         "--types", "transaction", "--optional-indexes", "--drop-indexes", "operations_account_idx",
          "--data-base", str(data_base), "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip

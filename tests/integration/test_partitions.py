@@ -169,7 +169,7 @@ async def test_a_later_migrations_change_to_a_ledger_table_carries_over(database
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(
-            "DROP INDEX operations_account_idx;"
+            "DROP INDEX transactions_ledger_created_idx;"
             " CREATE INDEX operations_account_asset_idx ON operations (account_id, asset_code);"
             " ALTER TABLE transactions ADD COLUMN source text NOT NULL DEFAULT 'queue'"
             "  CONSTRAINT transactions_source_check CHECK (source <> '');"

@@ -44,6 +44,7 @@ DLQ_BY_REASON = "The DLQ is worked by reason"
 OTHER_CLIENTS = "Messages from other clients"
 TIME_ORDERED_IDS = "Ids this project makes are time-ordered"
 RETENTION = "Tables that only grow have a window"
+INDEXES = "Every index serves a query of the project"
 PARTITIONED = "Partitioned ledger tables"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
@@ -1417,6 +1418,18 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/integration/test_job_progress.py::"
             "test_a_job_recorded_before_the_relay_counted_its_rows_is_not_yet_completed",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="unread-account-index-kept",
+        path="bulk_recorder/sql/011_unread_indexes.sql",
+        old="DROP INDEX IF EXISTS operations_account_idx;",
+        new="SELECT 1;",
+        promise=INDEXES,
+        tests=(
+            "tests/integration/test_indexes.py::"
+            "test_the_recorders_tables_hold_exactly_the_indexes_the_docs_name",
         ),
         fast=True,
     ),

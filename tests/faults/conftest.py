@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -45,6 +46,21 @@ def via_proxy(url: str, proxy: TcpProxy) -> str:
     userinfo = parts.netloc.rpartition("@")[0]
     netloc = (userinfo + "@" if userinfo else "") + f"127.0.0.1:{proxy.port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+# Relay lanes holding claimed outbox rows in an open transaction (publishing, or waiting to):
+# their claim's row locks show as a RowShareLock on the outbox, whatever statement the lane ran
+# last (the claim is followed by a SET LOCAL in the same transaction).
+CLAIMS_OPEN = """
+SELECT count(DISTINCT a.pid) FROM pg_stat_activity AS a JOIN pg_locks AS l ON l.pid = a.pid
+WHERE a.datname = current_database() AND a.state = 'idle in transaction'
+  AND l.locktype = 'relation' AND l.relation = 'outbox'::regclass AND l.mode = 'RowShareLock'
+"""
+
+
+async def claims_open(conn: Any) -> int:
+    """How many relay lanes hold claimed outbox rows in an open transaction."""
+    return int(await conn.fetchval(CLAIMS_OPEN))
 
 
 def _target(url: str, default_port: int) -> tuple[str, int]:

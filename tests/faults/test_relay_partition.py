@@ -22,7 +22,7 @@ from bulk_recorder.producer.outbox import enqueue, notify
 from bulk_recorder.producer.relay import Relay, RelayConfig
 from consumer.tools.generator import Generator
 from tests.conftest import Broker, wait_for
-from tests.faults.conftest import via_proxy
+from tests.faults.conftest import claims_open, via_proxy
 from tests.integration.producer_support import declare_for, running_relay
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
@@ -44,15 +44,6 @@ async def _fill_outbox(conn, seed: int, n: int = ROWS) -> set[str]:
 
 async def _outbox_rows(conn) -> int:
     return int(await conn.fetchval("SELECT count(*) FROM outbox"))
-
-
-async def _claims_open(conn) -> int:
-    """Relay lanes holding claimed rows in an open transaction (publishing, awaiting confirms)."""
-    n = await conn.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND state = 'idle in transaction' AND query LIKE '%FOR UPDATE SKIP LOCKED%'"
-    )
-    return int(n)
 
 
 async def _queued_ids(broker: Broker) -> set[str]:
@@ -143,7 +134,7 @@ async def _outbox_empty(conn) -> bool:
 
 
 async def _claims(conn, n: int) -> bool:
-    return await _claims_open(conn) == n
+    return await claims_open(conn) == n
 
 
 async def test_relay_reconnects_after_a_partition_while_it_declares_its_topology(

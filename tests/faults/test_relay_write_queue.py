@@ -28,7 +28,7 @@ from bulk_recorder.producer.relay import RelayConfig
 from consumer.tools.generator import Generator
 from tests.conftest import Broker, Services, wait_for
 from tests.faults.amqp_tap import FrameReader
-from tests.faults.conftest import via_proxy
+from tests.faults.conftest import claims_open, via_proxy
 from tests.faults.proxy import Inspect, TcpProxy
 from tests.integration.producer_support import running_relay
 
@@ -81,15 +81,6 @@ async def _enqueue(conn, rows: list[tuple[str, bytes, int]]) -> set[str]:
     return {record_id for record_id, _, _ in rows}
 
 
-async def _claims_open(conn) -> int:
-    """Lanes holding claimed rows in an open transaction (publishing, or waiting to)."""
-    n = await conn.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND state = 'idle in transaction' AND query LIKE '%FOR UPDATE SKIP LOCKED%'"
-    )
-    return int(n)
-
-
 async def _outbox_empty(conn) -> bool:
     return int(await conn.fetchval("SELECT count(*) FROM outbox")) == 0
 
@@ -129,4 +120,4 @@ async def test_a_lane_whose_connection_died_with_its_writes_queued_comes_back(
 
 
 async def _claims(conn, n: int) -> bool:
-    return await _claims_open(conn) == n
+    return await claims_open(conn) == n

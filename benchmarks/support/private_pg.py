@@ -20,13 +20,9 @@ from pathlib import Path
 from types import FrameType
 
 from tests.rigs.postgres_server import (
-    DB_USER,
     OS_USER,
-    PG_BIN,
     PgServer,
-    as_server_user,
     available,
-    run,
 )
 
 __all__ = ["available", "private_server", "settings_text"]
@@ -67,24 +63,7 @@ def private_server(
     server = PgServer(name, folder / "data")
     previous = signal.signal(signal.SIGTERM, _sigterm_to_exit)
     try:
-        run(
-            as_server_user(
-                [
-                    str(PG_BIN / "initdb"),
-                    "-D",
-                    str(server.data_dir),
-                    "-U",
-                    DB_USER,
-                    "-A",
-                    "trust",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "--no-instructions",
-                ]
-            ),
-            "initdb",
-        )
+        server.initdb()
         conf = server.data_dir / "postgresql.conf"
         base_settings = {
             "listen_addresses": "'127.0.0.1'",

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.rigs.postgres_server import DB_USER, OS_USER, PG_BIN, PgServer, as_server_user, run
+from tests.rigs.postgres_server import OS_USER, PgServer
 
 _PREFIX = r"^\S+ \S+ \S+ \[(?P<pid>\d+)\] "
 _CONNECTED = re.compile(_PREFIX + r"LOG:  connection authorized: .*application_name=(?P<app>\S+)")
@@ -114,15 +114,7 @@ class LockLogServer:
     def start(self) -> LockLogServer:
         data = self.server.data_dir
         try:
-            run(
-                as_server_user(
-                    [
-                        str(PG_BIN / "initdb"), "-D", str(data), "-U", DB_USER, "-A", "trust",
-                        "-E", "UTF8", "--no-sync", "--no-instructions",
-                    ]
-                ),
-                "initdb",
-            )  # fmt: skip
+            self.server.initdb()
             conf = data / "postgresql.conf"
             self._write(conf, conf.read_text() + CONF.format(port=self.server.port))
             self._write(data / "pg_hba.conf", "host all all 127.0.0.1/32 trust\n")

@@ -96,24 +96,7 @@ class PgCluster:
 
     def _init_primary(self) -> None:
         data = self.primary.data_dir
-        run(
-            as_server_user(
-                [
-                    str(PG_BIN / "initdb"),
-                    "-D",
-                    str(data),
-                    "-U",
-                    DB_USER,
-                    "-A",
-                    "trust",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "--no-instructions",
-                ]
-            ),
-            "initdb",
-        )
+        self.primary.initdb()
         sync_names = f"'{self.standby_name}'" if self.synchronous else "''"
         self._append_conf(
             data,

@@ -110,6 +110,18 @@ class PgServer:
             timeout,
         )
 
+    def initdb(self) -> None:
+        """A new cluster in ``data_dir``: trust auth, UTF8, no fsync of the new files."""
+        run(
+            as_server_user(
+                [
+                    str(PG_BIN / "initdb"), "-D", str(self.data_dir), "-U", DB_USER,
+                    "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions",
+                ]
+            ),
+            f"initdb for {self.name}",
+        )  # fmt: skip
+
     def start(self) -> None:
         try:
             self.pg_ctl("-l", str(self.log_file), "-w", "-t", "90", "start")

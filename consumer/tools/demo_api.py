@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -48,31 +49,69 @@ async def http_request(
     body: Sequence[bytes] = (),
     read_timeout_s: float = 600,
 ) -> tuple[int, dict[str, str], bytes]:
-    """A minimal HTTP/1.1 client: one request on its own connection, body sent in chunks."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    """A minimal HTTP/1.1 client: one request on its own connection, body sent in chunks.
+
+    A server that answers before reading the whole body (the API's 401) closes with bytes
+    unread, and the kernel then resets the connection after the answer instead of ending it:
+    an answer complete by its framing is returned, a reset before that is raised.
+    """
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    raw = bytearray()
     try:
+        await loop.sock_connect(sock, ("127.0.0.1", port))
         length = sum(len(chunk) for chunk in body)
         head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         if body:
             head.append(f"Content-Length: {length}")
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
-        for chunk in body:
-            writer.write(chunk)
-            await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), read_timeout_s)
+        try:
+            await loop.sock_sendall(sock, ("\r\n".join(head) + "\r\n\r\n").encode())
+            for chunk in body:
+                await loop.sock_sendall(sock, chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused early: the answer, if whole, is already on its way
+        async with asyncio.timeout(read_timeout_s):
+            while True:
+                try:
+                    block = await loop.sock_recv(sock, 65536)
+                except ConnectionResetError:
+                    if _whole_answer(bytes(raw)):
+                        break
+                    raise
+                if not block:
+                    break
+                raw += block
     finally:
-        writer.close()
-    head_raw, _, payload = raw.partition(b"\r\n\r\n")
+        sock.close()
+    head_raw, _, payload = bytes(raw).partition(b"\r\n\r\n")
+    status, response_headers = _parse_head(head_raw)
+    if response_headers.get("transfer-encoding") == "chunked":
+        payload = _dechunk(payload)
+    return status, response_headers, payload
+
+
+def _parse_head(head_raw: bytes) -> tuple[int, dict[str, str]]:
     lines = head_raw.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ")[1])
     response_headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
         response_headers[name.strip().lower()] = value.strip()
+    return status, response_headers
+
+
+def _whole_answer(raw: bytes) -> bool:
+    """Whether ``raw`` holds a whole answer by its own framing (Content-Length or chunked)."""
+    head_raw, sep, payload = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    _, response_headers = _parse_head(head_raw)
     if response_headers.get("transfer-encoding") == "chunked":
-        payload = _dechunk(payload)
-    return status, response_headers, payload
+        return payload.endswith(b"0\r\n\r\n")
+    length = response_headers.get("content-length")
+    return length is not None and len(payload) >= int(length)
 
 
 def _dechunk(data: bytes) -> bytes:

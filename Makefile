@@ -98,7 +98,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
 
 soak: $(STAMP)
-	SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/faults tests/integration/test_dlq_arrivals.py
+	SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/faults tests/integration/test_dlq_arrivals.py \
+	  tests/unit/test_decode_differential.py
 
 # Every fault in one run, long (tests/cluster/test_all_faults.py; `make test` runs a short one):
 # SOAK_SECONDS (240) of traffic for each of SOAK_CLUSTER_RUNS (3) random seeds, or SEED=N

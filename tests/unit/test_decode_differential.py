@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from bulk_recorder.records import RecordError, decode
 from consumer.tools.generator import Generator, valid_document
+from tests.faults.conftest import SOAK
 from tests.faults.test_bad_input import MAX_BYTES, bad_inputs
 from tests.unit import decode_oracle, test_records
 from tests.unit.test_records import *  # noqa: F403 - its tests run again here, through both
@@ -307,7 +308,12 @@ def _body(data: st.DataObject, record_type: str) -> bytes:
     return text
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+# 400 drawn bodies a run in make test (~10 s), 1,500 under SOAK=1 (make soak)
+@settings(
+    max_examples=1500 if SOAK else 400,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(st.data(), st.sampled_from(["transaction", "credit_annotation"]))
 def test_drawn_bodies_get_the_same_verdict_and_reason(
     data: st.DataObject, record_type: str

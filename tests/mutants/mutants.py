@@ -1807,6 +1807,21 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        name="inline-handler-raise-kills-the-reader",
+        # Deliveries run in the channel's reader: a handler's exception let through ends the
+        # reader and closes the channel, and every later delivery waits for a reconnect.
+        path="bulk_recorder/infra/aiormq_internals.py",
+        old="        try:\n            handle(message)\n        except Exception:\n"
+        '            log.exception("Consumer callback failed")\n',
+        new="        handle(message)\n",
+        promise=BAD_DATA,
+        tests=(
+            "tests/integration/test_deliver_inline.py::"
+            "test_inline_deliveries_arrive_in_order_on_the_reader_and_survive_a_raise",
+        ),
+        fast=True,
+    ),
+    Mutant(
         name="cpf-second-digit-misweighs-the-first",
         # The second DV weighs the first DV by 2: by 1, some valid CPFs are refused and some
         # wrong ones accepted.

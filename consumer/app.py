@@ -254,7 +254,8 @@ class Recorder:
 
     # -- the hot path -----------------------------------------------------------------------
 
-    async def _on_message(self, message: DeliveredMessage) -> None:
+    def _on_message(self, message: DeliveredMessage) -> None:
+        """One delivery, in the channel's reader (no task of its own: consuming.OnMessage)."""
         metrics = self.metrics
         metrics.messages_received.inc()
         metrics.buffer_messages.inc()
@@ -270,19 +271,19 @@ class Recorder:
                 max_bytes=self.settings.bulk_recorder_max_message_bytes,
             )
         except RecordError as exc:
-            await self._dead_letter_invalid(delivery, exc.reason)
+            self._dead_letter_invalid(delivery, exc.reason)
             return
         self._collector.add(Pending(record, delivery))
 
-    async def _dead_letter_invalid(self, delivery: AmqpDelivery, reason: str) -> None:
+    def _dead_letter_invalid(self, delivery: AmqpDelivery, reason: str) -> None:
         log.info("dead-lettering an invalid message: %s", reason)
-        # Shielded with its accounting: aiormq cancels this consumer task when the channel
-        # closes, and the outcome must still land in exactly one counter. Tracked, so that a
-        # shutdown waits for the ones still held.
+        # A task of its own, with its accounting: it may be held while the DLQ refuses, and the
+        # reader must go on delivering. Not one of the channel's tasks, so its close does not
+        # cancel it, and the outcome lands in exactly one counter. Tracked, so that a shutdown
+        # waits for the ones still held.
         settle = asyncio.ensure_future(self._settle_invalid(delivery, reason))
         self._settling.add(settle)
         settle.add_done_callback(self._settling.discard)
-        await asyncio.shield(settle)
 
     async def _settle_invalid(self, delivery: AmqpDelivery, reason: str) -> None:
         try:

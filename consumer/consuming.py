@@ -18,14 +18,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import aio_pika
-from aiormq.abc import AbstractChannel, DeliveredMessage
+from aiormq.abc import AbstractChannel
 from pamqp import commands as spec
 
-from bulk_recorder.infra.aiormq_internals import close_connection, unblock_writers
+from bulk_recorder.infra.aiormq_internals import (
+    InlineHandler,
+    close_connection,
+    deliver_inline,
+    unblock_writers,
+)
 from bulk_recorder.infra.backoff import RETRY
 from bulk_recorder.infra.broker import BrokerNodes, TopologyMismatch, broker_failures_suppressed
 from bulk_recorder.infra.metrics import Metrics
@@ -43,7 +47,9 @@ log = logging.getLogger(__name__)
 # a close were lost; none after a round trip and this linger.
 LAST_ACKS_LINGER_S = 0.2
 
-OnMessage = Callable[[DeliveredMessage], Coroutine[Any, Any, None]]
+# Runs in the channel's reader, once per delivery, without a task of its own (deliver_inline):
+# it must not block; what may wait (a dead letter) it starts as a task itself.
+OnMessage = InlineHandler
 
 
 class Consuming:
@@ -192,7 +198,8 @@ class Consuming:
                 or self._consumer_tag is not None
             ):
                 return
-            ok = await channel.basic_consume(self.topology.queue, self._on_message, no_ack=False)
+            callback = deliver_inline(channel, self._on_message)
+            ok = await channel.basic_consume(self.topology.queue, callback, no_ack=False)
             self._consumer_tag = ok.consumer_tag
 
     async def stop(self, *, for_good: bool = False) -> None:

@@ -15,6 +15,11 @@ The recorder's lean path writes past aiormq's public API in two places, and only
   ``confirmations`` map under the channel's ``delivery_tag`` sequence, as aiormq's
   basic_publish does one by one.
 
+- :func:`deliver_inline` runs the recorder's consumer callback in the channel's own reader,
+  in place of aiormq's ``_on_deliver_frame`` (which reads the header and body frames with the
+  channel's private ``__get_content_header`` and ``_read_content``, then starts a task per
+  delivery for the callback).
+
 aiormq and pamqp are pinned to exact versions in pyproject.toml for these reasons. The layout
 test (tests/unit/test_layout.py) fails if another module names these private attributes.
 """
@@ -24,11 +29,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import aio_pika
 import aiormq
-from aiormq.abc import AbstractChannel, ChannelFrame, ConfirmationFrameType
+from aiormq.abc import AbstractChannel, ChannelFrame, ConfirmationFrameType, DeliveredMessage
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
@@ -39,12 +45,70 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AckFrames",
+    "InlineHandler",
     "channel_closing",
     "close_connection",
+    "deliver_inline",
     "unblock_writers",
     "write_acks",
     "write_publishes",
 ]
+
+
+# -- the lean path's deliveries: no task per delivery -----------------------------------------
+# aiormq runs a consumer callback as a task of its own per delivery (a Task, its wrapper, a
+# FutureStore entry and two done-callbacks), and the recorder's callback never needs one: it
+# decodes, buffers and returns, and starts a task itself only for a dead letter, which may wait.
+
+InlineHandler = Callable[[DeliveredMessage], None]
+
+
+def deliver_inline(
+    channel: AbstractChannel, handle: InlineHandler
+) -> Callable[[DeliveredMessage], Coroutine[Any, Any, None]]:
+    """The callback to pass to ``channel.basic_consume``: its deliveries are handed to
+    ``handle`` in the channel's reader, in order and without a task each. ``handle`` must not
+    block and should not raise (what it raises is logged, as aiormq logs a failed callback, and
+    the delivery stays unacked until its channel closes). Deliveries to other consumers of the
+    channel take aiormq's own path. Safe to call again on the same channel (a new consume)."""
+
+    async def callback(message: DeliveredMessage) -> None:  # aiormq's path, if ever taken
+        handle(message)
+
+    assert isinstance(channel, aiormq.Channel)
+    inline: dict[object, InlineHandler] | None = getattr(channel, _INLINE, None)
+    if inline is None:
+        inline = {}
+        setattr(channel, _INLINE, inline)
+        setattr(channel, "_on_deliver_frame", _inline_reader(channel, inline))  # noqa: B010
+    inline.clear()  # the callbacks of earlier consumes are gone from the channel's consumers
+    inline[callback] = handle
+    return callback
+
+
+_INLINE = "_bulk_recorder_inline"
+
+
+def _inline_reader(
+    channel: aiormq.Channel, inline: dict[object, InlineHandler]
+) -> Callable[[spec.Basic.Deliver], Coroutine[Any, Any, None]]:
+    on_deliver_frame = channel._on_deliver_frame
+    content_header = getattr(channel, "_Channel__get_content_header")  # noqa: B009 (private)
+    read_content = channel._read_content
+    consumers = channel.consumers
+
+    async def deliver(frame: spec.Basic.Deliver) -> None:
+        handle = inline.get(consumers.get(frame.consumer_tag or ""))
+        if handle is None:
+            await on_deliver_frame(frame)
+            return
+        message = await read_content(frame, await content_header())
+        try:
+            handle(message)
+        except Exception:
+            log.exception("Consumer callback failed")
+
+    return deliver
 
 
 # -- the lean path's writes into aiormq ------------------------------------------------------

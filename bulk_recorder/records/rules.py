@@ -70,17 +70,22 @@ def uuids(joined: str) -> bool:
     """True if ``joined``, ids of 36 characters each (the schema saw to that) laid end to end,
     holds only UUIDs as UUID_PATTERN has them: hex digits but for a hyphen at 8, 13, 18 and 23.
 
-    Byte operations in C rather than the pattern: a regex walks every character in Python's
-    engine, twice the time of these for a transaction's seven ids.
+    Two C calls rather than the pattern: every byte mapped to its class (hex digit, hyphen,
+    other), then compared with the classes of that many UUIDs. A regex walks every character
+    in Python's engine, three times the time for a transaction's seven ids.
     """
     if not joined.isascii():
         return False
-    data = joined.encode()
-    hyphens = b"-" * (len(data) // 9)  # four in every 36 characters
-    return (
-        data.translate(None, _HEX_DIGITS) == hyphens
-        and data[8::36] + data[13::36] + data[18::36] + data[23::36] == hyphens
-    )
+    n = len(joined) // 36
+    shape = _UUID_SHAPES[n] if n < len(_UUID_SHAPES) else _UUID_SHAPE * n
+    return joined.encode().translate(_UUID_CLASSES) == shape
+
+
+_UUID_CLASSES: Final = bytes(
+    ord("x") if b in _HEX_DIGITS else b if b == ord("-") else ord("?") for b in range(256)
+)
+_UUID_SHAPE: Final = b"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+_UUID_SHAPES: Final = [_UUID_SHAPE * n for n in range(16)]  # up to a transaction of 6 legs
 
 
 def operation_asset(value: str, asset_code: str, where: str) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "BODY_DECODERS",
     "ENCODE",
     "PARSE",
+    "STRICT_DECODERS",
     "CreditAnnotationIn",
     "OperationIn",
     "TransactionIn",
@@ -173,6 +174,33 @@ class CreditAnnotationIn(msgspec.Struct, kw_only=True, gc=False):
     reason: Annotated[str, msgspec.Meta(max_length=MAX_ANNOTATION_REASON_LEN), Text] | None = None
 
 
+# The decode pass's own structs: the same fields, but an unknown one fails the pass (the body
+# then goes to explain, which ignores it, as the contract does). msgspec skips an unknown
+# field's value unread, however deep it nests; with none, the only JSON nested past the
+# operations is the metadata, so the nesting bound is checked on it alone, not on the body.
+class StrictOperationIn(OperationIn, kw_only=True, gc=False, forbid_unknown_fields=True):
+    pass
+
+
+class StrictTransactionIn(TransactionIn, kw_only=True, gc=False, forbid_unknown_fields=True):
+    # Read-only here (the builders only read it): a list of the subclass is safe.
+    operations: Annotated[  # type: ignore[assignment]
+        list[StrictOperationIn], msgspec.Meta(min_length=2, max_length=MAX_OPERATIONS)
+    ]
+
+
+class StrictCreditAnnotationIn(
+    CreditAnnotationIn, kw_only=True, gc=False, forbid_unknown_fields=True
+):
+    pass
+
+
+# The first pass over a body (known fields only), and the pass over explain's canonical body
+# (which keeps unknown fields).
+STRICT_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
+    "transaction": msgspec.json.Decoder(StrictTransactionIn),
+    "credit_annotation": msgspec.json.Decoder(StrictCreditAnnotationIn),
+}
 BODY_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     "transaction": msgspec.json.Decoder(TransactionIn),
     "credit_annotation": msgspec.json.Decoder(CreditAnnotationIn),

@@ -31,7 +31,13 @@ from bulk_recorder.records.contract import (
     RecordError,
     Transaction,
 )
-from bulk_recorder.records.schema import BODY_DECODERS, CreditAnnotationIn, TransactionIn
+from bulk_recorder.records.schema import (
+    BODY_DECODERS,
+    STRICT_DECODERS,
+    CreditAnnotationIn,
+    StrictTransactionIn,
+    TransactionIn,
+)
 
 __all__ = ["check_content_encoding", "decode"]
 
@@ -53,7 +59,6 @@ def _has_long_digit_run(body: bytes) -> bool:
 
 
 _PASS_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
-_ALL_BUT_OPENERS: Final = bytes(set(range(256)) - set(b"{["))
 _ZERO: Final = exact.ZERO
 _add: Final = exact.add
 
@@ -160,12 +165,16 @@ _BUILDERS: Final[dict[str, Callable[[Any], Record]]] = {
 }
 
 
-def _may_nest_too_deep(brackets: int, wire: Any) -> bool:
-    """False when a body with ``brackets`` opening brackets cannot nest deeper than MAX_DEPTH,
-    not counting the operations' own objects (siblings: at most one is on any path)."""
-    if type(wire) is TransactionIn:
-        brackets -= len(wire.operations) - 1
-    return brackets > MAX_DEPTH
+def _nests_too_deep(wire: Any) -> bool:
+    """False when a body that passed the strict pass cannot nest deeper than MAX_DEPTH: it has
+    no unknown field, so only a transaction's metadata (level 2) nests past its operations
+    (levels 2 and 3), and the metadata cannot reach level MAX_DEPTH + 1 with fewer than
+    MAX_DEPTH opening brackets, nor so in fewer than twice as many bytes. (Brackets in strings
+    count too: explain's check_depth then walks the parsed JSON.)"""
+    if type(wire) is not StrictTransactionIn or len(wire.metadata) < 2 * MAX_DEPTH:
+        return False
+    metadata = bytes(wire.metadata)
+    return metadata.count(b"{") + metadata.count(b"[") >= MAX_DEPTH
 
 
 def _decode(body: bytes, record_type: str, max_bytes: int) -> Record:
@@ -177,19 +186,19 @@ def _decode(body: bytes, record_type: str, max_bytes: int) -> Record:
             body.decode("utf-8")
         except UnicodeDecodeError:
             raise RecordError("body is not valid UTF-8") from None
-    decoder, build = BODY_DECODERS[record_type], _BUILDERS[record_type]
-    if not _has_long_digit_run(body):
+    build = _BUILDERS[record_type]
+    if size <= _MAX_DIGITS or not _has_long_digit_run(body):
         try:
-            wire = decoder.decode(body)
-            brackets = len(body.translate(None, _ALL_BUT_OPENERS))  # '{' and '[' counted
-            if brackets > MAX_DEPTH and _may_nest_too_deep(brackets, wire):
+            wire = STRICT_DECODERS[record_type].decode(body)
+            if _nests_too_deep(wire):
                 explain.check_depth(body)
             return build(wire)
         except (*_PASS_ERRORS, _Explain):
             pass
-    # Raises the first failure in field order, or gives the body canonically re-encoded.
+    # Raises the first failure in field order, or gives the body canonically re-encoded (with
+    # any unknown fields: the lenient pass skips them).
     body = explain.canonical_body(body, record_type)
-    return build(decoder.decode(body))
+    return build(BODY_DECODERS[record_type].decode(body))
 
 
 # content_encoding values under which the body is what the contract says, UTF-8 JSON

@@ -197,7 +197,7 @@ async def test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue(
     assert left == 0, f"{left} of {count} acked deliveries went back to the queue"
 
 
-async def _ignore(message: aiormq.abc.DeliveredMessage) -> None:
+def _ignore(message: aiormq.abc.DeliveredMessage) -> None:
     return None
 
 

@@ -649,11 +649,12 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="uuid-hyphens-anywhere",
-        # msgspec checks only a UUID's length; rules.uuids its shape. Without the positions,
-        # a moved hyphen passes (and so would 32 hex digits plus 4 hyphens in any order).
+        # msgspec checks only a UUID's length; rules.uuids its shape. Compared as counts of
+        # each class, not position by position, a moved hyphen passes (and so would 32 hex
+        # digits plus 4 hyphens in any order).
         path="bulk_recorder/records/rules.py",
-        old="        and data[8::36] + data[13::36] + data[18::36] + data[23::36] == hyphens\n",
-        new="",
+        old="    return joined.encode().translate(_UUID_CLASSES) == shape\n",
+        new="    return sorted(joined.encode().translate(_UUID_CLASSES)) == sorted(shape)\n",
         promise=BAD_DATA,
         tests=("tests/unit/test_records.py::test_invalid_uuid",),
         fast=True,
@@ -1792,14 +1793,57 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        name="nesting-bound-forgets-the-operation-on-the-path",
+        name="nesting-bound-first-pass-skips-unknown-fields",
+        # The first pass refuses unknown fields so that only the metadata can nest deep; a
+        # lenient first pass skips an unknown field's value unread, however deep it nests.
         path="bulk_recorder/records/validation.py",
-        old="        brackets -= len(wire.operations) - 1\n",
-        new="        brackets -= len(wire.operations)\n",
+        old="            wire = STRICT_DECODERS[record_type].decode(body)\n",
+        new="            wire = BODY_DECODERS[record_type].decode(body)\n",
         promise=BAD_DATA,
         tests=(
             "tests/unit/test_records.py::test_nesting_inside_an_operation_counts_the_operation",
+            "tests/unit/test_records.py::test_nesting_in_ignored_field_counts_too",
         ),
+        fast=True,
+    ),
+    Mutant(
+        name="inline-handler-raise-kills-the-reader",
+        # Deliveries run in the channel's reader: a handler's exception let through ends the
+        # reader and closes the channel, and every later delivery waits for a reconnect.
+        path="bulk_recorder/infra/aiormq_internals.py",
+        old="        try:\n            handle(message)\n        except Exception:\n"
+        '            log.exception("Consumer callback failed")\n',
+        new="        handle(message)\n",
+        promise=BAD_DATA,
+        tests=(
+            "tests/integration/test_deliver_inline.py::"
+            "test_inline_deliveries_arrive_in_order_on_the_reader_and_survive_a_raise",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="cpf-second-digit-misweighs-the-first",
+        # The second DV weighs the first DV by 2: by 1, some valid CPFs are refused and some
+        # wrong ones accepted.
+        path="bulk_recorder/records/documents.py",
+        old="    return dv1, _check_digit(total + plain + 2 * dv1)\n",
+        new="    return dv1, _check_digit(total + plain + dv1)\n",
+        promise=BAD_DATA,
+        tests=(
+            "tests/unit/test_documents.py::"
+            "test_any_eleven_digits_pass_exactly_when_the_reference_digits_match",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="nesting-bound-one-past-the-metadata",
+        # Metadata 32 levels deep (33 in the body) has 32 opening brackets: the bound's count
+        # must send it to the walk.
+        path="bulk_recorder/records/validation.py",
+        old='    return metadata.count(b"{") + metadata.count(b"[") >= MAX_DEPTH\n',
+        new='    return metadata.count(b"{") + metadata.count(b"[") > MAX_DEPTH\n',
+        promise=BAD_DATA,
+        tests=("tests/unit/test_records.py::test_nesting_too_deep",),
         fast=True,
     ),
     Mutant(

@@ -176,3 +176,15 @@ def test_arbitrary_text_raises_only_value_error(raw: str) -> None:
     assert normalized.isascii()
     assert normalized.isalnum()
     assert len(normalized) == (11 if kind == CPF else 14)
+
+
+@given(st.text(alphabet=string.digits, min_size=11, max_size=11))
+def test_any_eleven_digits_pass_exactly_when_the_reference_digits_match(cpf: str) -> None:
+    # The module reads the weighted sums off a base-12 number; this is the plain definition.
+    if len(set(cpf)) == 1:
+        return
+    if make_cpf(cpf[:9]) == cpf:
+        assert normalize_document(cpf) == (cpf, CPF)
+    else:
+        with pytest.raises(ValueError, match=r"^invalid CPF check digits$"):
+            normalize_document(cpf)

@@ -45,8 +45,10 @@ LONG_FUNCTIONS: dict[str, str] = {
 }
 
 # aiormq/pamqp internals: the connection's write queue and channel map, the frame codec the
-# writer takes, and the channel's private close event.
-PRIVATE_NAMES = frozenset({"write_queue", "channels", "marshall", "ChannelFrame"})
+# writer takes, the channel's private close event, and its delivery reader's steps.
+PRIVATE_NAMES = frozenset(
+    {"write_queue", "channels", "marshall", "ChannelFrame", "_on_deliver_frame", "_read_content"}
+)
 PRIVATE_PREFIXES = ("_Channel__", "_Connection__")
 
 

@@ -135,13 +135,7 @@ def create_app(
             stop.set()
             await asyncio.wait([opening], timeout=deadline.left())  # a connect under way
             opening.cancel()
-            pool, ctx.pool = ctx.pool, None
-            if pool is not None:
-                try:
-                    await asyncio.wait_for(pool.close(), deadline.left())
-                except TimeoutError:
-                    pool.terminate()
-            log.info("API stopped in %.1f s", deadline.elapsed())
+            await _close(ctx, deadline)
 
     app = _Api(
         title="bulk-recorder ingest API",
@@ -164,6 +158,18 @@ def create_app(
     add_transaction_routes(app, ctx)
     add_job_routes(app, ctx)
     return app
+
+
+async def _close(ctx: ApiContext, deadline: Deadline) -> None:
+    """The job workers, then the pool, within what is left of the stop budget."""
+    await ctx.workers.close(deadline.left())
+    pool, ctx.pool = ctx.pool, None
+    if pool is not None:
+        try:
+            await asyncio.wait_for(pool.close(), deadline.left())
+        except TimeoutError:
+            pool.terminate()
+    log.info("API stopped in %.1f s", deadline.elapsed())
 
 
 async def _open_pool(ctx: ApiContext, stop: asyncio.Event, tried: asyncio.Event) -> None:

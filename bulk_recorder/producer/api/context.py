@@ -19,6 +19,7 @@ from bulk_recorder.infra.errors import (
 )
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.producer.api.problems import RETRY_AFTER, ApiError
+from bulk_recorder.producer.job_workers import JobWorkers
 from settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,12 @@ class ApiContext:
     # transaction) for as long as the client sends, within the body timeouts; at most half the
     # pool does, so that single transactions and status reads always find one.
     job_slots: asyncio.Semaphore = field(init=False)
+    # Validate the jobs' lines on the other cores (API_JOB_WORKERS processes, 0: on the loop).
+    workers: JobWorkers = field(init=False)
 
     def __post_init__(self) -> None:
         self.job_slots = asyncio.Semaphore(max(1, self.pool_max_size // 2))
+        self.workers = JobWorkers(self.settings.api_job_workers)
 
     @property
     def db(self) -> asyncpg.Pool:

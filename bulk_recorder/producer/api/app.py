@@ -47,6 +47,7 @@ from bulk_recorder.producer.api.asgi import ASGIApp, Receive, Scope, Send, Statu
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
 from bulk_recorder.producer.api.job_bodies import body_components
+from bulk_recorder.producer.api.loop_lag import watch_loop_lag
 from bulk_recorder.producer.api.models import IDEMPOTENCY_SCHEMA, JobRefused
 from bulk_recorder.producer.api.problems import ApiError, Problem, answer_errors_as_problems
 from bulk_recorder.producer.api.routes import (
@@ -129,10 +130,12 @@ def create_app(
         first = asyncio.ensure_future(tried.wait())
         await asyncio.wait([opening, first], return_when=asyncio.FIRST_COMPLETED)
         first.cancel()
+        lagging = asyncio.create_task(watch_loop_lag(ctx.metrics.api_loop_lag, stop))
         try:
             yield
         finally:
             stop.set()
+            lagging.cancel()
             await asyncio.wait([opening], timeout=deadline.left())  # a connect under way
             opening.cancel()
             await _close(ctx, deadline)

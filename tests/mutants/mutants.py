@@ -302,6 +302,17 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        name="job-status-recounts-on-the-request-path",
+        path="bulk_recorder/producer/api/jobs.py",
+        old="    if cached is None:\n        recorded = int(",
+        new="    if True:\n        recorded = int(",
+        promise=UPLOADS,
+        tests=(
+            "tests/integration/test_job_progress.py::"
+            "test_a_status_read_never_waits_for_the_recount_of_a_job",
+        ),
+    ),
+    Mutant(
         name="job-never-stalled",
         path="bulk_recorder/producer/api/job_status.py",
         old='elif float(row["quiet_s"]) >= stall_after_s and _relay_quiet(row, stall_after_s):',

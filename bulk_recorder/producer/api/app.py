@@ -165,6 +165,8 @@ def create_app(
 
 async def _close(ctx: ApiContext, deadline: Deadline) -> None:
     """The job workers, then the pool, within what is left of the stop budget."""
+    for recount in list(ctx.recounts.values()):
+        recount.cancel()
     await ctx.workers.close(deadline.left())
     pool, ctx.pool = ctx.pool, None
     if pool is not None:

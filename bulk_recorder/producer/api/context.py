@@ -56,6 +56,7 @@ class ApiContext:
     pool_max_size: int
     pool: asyncpg.Pool | None = None
     recorded_cache: dict[uuid.UUID, tuple[float, int]] = field(default_factory=dict)
+    recounts: dict[uuid.UUID, asyncio.Task[None]] = field(default_factory=dict)  # under way
     # A job upload holds a pooled connection (its staging table's session, never an open
     # transaction) for as long as the client sends, within the body timeouts; at most half the
     # pool does, so that single transactions and status reads always find one.

@@ -321,16 +321,38 @@ def _no_valid_line(intake: JobIntake | BlockIntake) -> ApiError:
 async def _recorded(
     ctx: ApiContext, conn: asyncpg.pool.PoolConnectionProxy, job_id: uuid.UUID
 ) -> int:
-    """The job's recorded rows, counted at most once every RECORDED_COUNT_TTL_S."""
+    """The job's recorded rows: counted on the job's first read, then recounted at most once
+    every RECORDED_COUNT_TTL_S by a task of its own, off the request path. A read answers with
+    the last count (at most a TTL and a count old) instead of waiting for a count over up to
+    300,000 rows (25-150 ms on a busy machine: the GET's p99 during the main job)."""
     now = time.monotonic()
     cached = ctx.recorded_cache.get(job_id)
-    if cached is not None and now - cached[0] < RECORDED_COUNT_TTL_S:
-        return cached[1]
-    recorded = int(await conn.fetchval(RECORDED, job_id))
+    if cached is None:
+        recorded = int(await conn.fetchval(RECORDED, job_id))
+        _remember(ctx, job_id, now, recorded)
+        return recorded
+    if now - cached[0] >= RECORDED_COUNT_TTL_S and job_id not in ctx.recounts:
+        task = asyncio.create_task(_recount(ctx, job_id))
+        ctx.recounts[job_id] = task
+        task.add_done_callback(lambda _: ctx.recounts.pop(job_id, None))
+    return cached[1]
+
+
+async def _recount(ctx: ApiContext, job_id: uuid.UUID) -> None:
+    started = time.monotonic()
+    try:
+        async with ctx.db.acquire(timeout=10) as conn:
+            recorded = int(await conn.fetchval(RECORDED, job_id))
+    except Exception as exc:  # the next read tries again
+        log.debug("recount of job %s failed: %s", job_id, exc)
+        return
+    _remember(ctx, job_id, started, recorded)
+
+
+def _remember(ctx: ApiContext, job_id: uuid.UUID, at: float, recorded: int) -> None:
     if len(ctx.recorded_cache) >= _RECORDED_CACHE_MAX:
         ctx.recorded_cache.clear()
-    ctx.recorded_cache[job_id] = (now, recorded)
-    return recorded
+    ctx.recorded_cache[job_id] = (at, recorded)
 
 
 async def job_status(ctx: ApiContext, job_id: uuid.UUID, principal: Principal) -> JobStatus:

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, parse_qsl, urlsplit
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from bulk_recorder.api_settings import ApiSettings
 from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
 from bulk_recorder.masking import masked
 from bulk_recorder.otel_settings import OtelSettings
@@ -37,7 +38,7 @@ class SettingsError(BulkRecorderError, ValueError):
     exit_code = EXIT_SETTINGS
 
 
-class Settings(RelaySettings, RetentionSettings, OtelSettings):
+class Settings(ApiSettings, RelaySettings, RetentionSettings, OtelSettings):
     """Typed view of the environment: field ``foo_bar`` is ``FOO_BAR`` (``OTEL_*``: the base)."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
@@ -146,54 +147,6 @@ class Settings(RelaySettings, RetentionSettings, OtelSettings):
         min_length=1,
         description="Where /metrics, /healthz and /readyz listen (0.0.0.0 in the container).",
     )
-    api_host: str = Field(
-        "127.0.0.1", min_length=1, description="Where `bulk-recorder api` listens."
-    )
-    api_port: int = Field(8080, ge=1, le=65_535, description="API port.")
-    api_max_job_bytes: int = Field(
-        256 * 1_048_576,
-        ge=1024,
-        le=16 * 1024 * 1_048_576,
-        description=(
-            "Largest credit-annotation job body; larger is 413, from Content-Length before "
-            "reading or as soon as the streamed body passes it (~1M NDJSON lines fit the default)."
-        ),
-    )
-    api_body_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description=(
-            "Longest wait for the next part of a request body; a client that sends nothing "
-            "for this long gets 408 and its job slot and database connection are freed."
-        ),
-    )
-    api_upload_timeout_s: float = Field(
-        600.0,
-        gt=0,
-        le=86_400,
-        description=(
-            "A request body must be complete within this long (408 otherwise), so that a "
-            "client trickling bytes cannot hold a job slot for ever."
-        ),
-    )
-    api_job_stall_after_s: float = Field(
-        60.0,
-        gt=0,
-        le=86_400,
-        description=(
-            "A job whose outbox rows wait and of which nothing has been published for this "
-            "long (no relay running, or it cannot reach the broker) shows status `stalled`."
-        ),
-    )
-    api_auth: Literal["on", "off"] = Field(
-        "on",
-        description=(
-            "on: every /v1 request needs an API key (Authorization: Bearer <key>, made with "
-            "`bulk-recorder api-key create`); off: anyone reaching API_PORT may call /v1, for "
-            "local demos only."
-        ),
-    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -202,7 +155,7 @@ class Settings(RelaySettings, RetentionSettings, OtelSettings):
     def _upper(cls, value: object) -> object:
         return value.strip().upper() if isinstance(value, str) else value
 
-    @field_validator("log_format", "api_auth", mode="before")
+    @field_validator("log_format", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value

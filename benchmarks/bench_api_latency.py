@@ -16,6 +16,17 @@ The job is generated first (NDJSON, ``consumer.tools.loadgen``), then:
    ``accepting`` lasts until the job's 202, phase ``flowing`` until the job's status says
    ``completed`` (every line recorded), the GET probes now reading the big job's progress.
 
+``--job-workers 0 2`` runs the job once per value of ``API_JOB_WORKERS`` in each of ``--rounds``
+rounds (order rotating), fresh services and database each time, and prints the medians side by
+side: 0 validates on the API's event loop, N on N worker processes. ``--baseline DIR`` adds a
+variant: the three roles run the code of the tree DIR (an older commit, extracted).
+
+What an API request waits on is read from the API's own /metrics at each phase's start and
+end: its event loop's lag (``bulk_recorder_api_event_loop_lag_seconds``), the wait for a pooled
+connection (``bulk_recorder_api_db_acquire_seconds``) and the server-side duration of each probe
+route (``bulk_recorder_api_request_duration_seconds``), per phase: mean and the bucket bound
+that holds the p99.
+
 Printed: time to accept (the 202) and its rate, end-to-end time from the first byte sent to the
 last row recorded, the relay's publish rate, the outbox's peak backlog, API latency p50/p99/max
 per phase and probe, the peak RSS of the API process (the body is streamed, never held
@@ -29,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -41,6 +53,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.support.env import rabbitmq_url, use_uvloop
 from benchmarks.support.machine import cpu_seconds, facts_table, machine_facts, rss_mib
@@ -77,10 +90,12 @@ def quantile(values: list[float], q: float) -> float:
 class Service:
     """One ``bulk-recorder`` subprocess."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], log: Path, cwd: str | None = None
+    ) -> None:
         self.name = name
         self._log = log.open("wb")
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=self._log)
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=self._log, cwd=cwd)
 
     @property
     def pid(self) -> int:
@@ -168,15 +183,25 @@ async def probe_loop(
                 await asyncio.wait_for(stop.wait(), pause)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    progress(f"generating a {args.count:,}-line NDJSON job")
-    body = make_job(args.count, args.seed)
-    progress(f"job body: {len(body) / 1_048_576:.1f} MiB")
-    results: dict[str, Any] = {"count": args.count, "body_mib": len(body) / 1_048_576}
+async def run(args: argparse.Namespace, body: bytes, variant: str) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "count": args.count,
+        "body_mib": len(body) / 1_048_576,
+        "workers": variant,
+        "load_at_start": os.getloadavg()[0],
+    }
     logs = Path(args.logs)
     async with temp_database("bench_api") as (dsn, _name), temp_topology("bench_api") as topo:
         api_port = free_port()
         env = service_env(dsn, topo)
+        cwd = None
+        if variant == "baseline":  # every role runs the code of the --baseline tree
+            cwd = args.baseline  # made absolute by main()
+            env["PYTHONPATH"] = cwd
+        # INFO for the API: its one line a job splits the 202 into body and outbox seconds
+        api_env = dict(env, API_PORT=str(api_port), LOG_LEVEL="INFO")
+        if variant not in ("default", "baseline"):
+            api_env["API_JOB_WORKERS"] = variant
         # The lever for the API's p99 on shared cores: the relay and the recorder at a lower
         # CPU priority (nice execs the role, so the pid read for CPU is the role's own).
         nice = ["nice", "-n", str(args.nice_background)] if args.nice_background else []
@@ -184,8 +209,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             Service(
                 "api",
                 [sys.executable, "-m", "consumer.cli", "api"],
-                dict(env, API_PORT=str(api_port)),
+                api_env,
                 logs / "api.log",
+                cwd,
             ),
             Service(
                 "relay",
@@ -202,12 +228,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 ],
                 env,
                 logs / "relay.log",
+                cwd,
             ),
             Service(
                 "recorder",
                 [*nice, sys.executable, "-m", "consumer"],
                 dict(env, BULK_RECORDER_SIZE=str(args.recorder_size)),
                 logs / "recorder.log",
+                cwd,
             ),
         ]
         try:
@@ -216,6 +244,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for service in services:
                 code = await service.stop()
                 results[f"exit_{service.name}"] = code
+        results["accept_split"] = accept_split(logs / "api.log", args.count)
         conn = await asyncpg.connect(dsn)
         try:
             results["rows_recorded"] = int(
@@ -227,6 +256,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await conn.close()
     return results
+
+
+def accept_split(log: Path, count: int) -> dict[str, float]:
+    """The API's own account of the job's 202: body (read, validate, stage) and outbox (the
+    job row and the move of the staged lines, one transaction) seconds."""
+    pattern = re.compile(
+        rf"accepted: {count} lines accepted, \d+ rejected, in ([\d.]+) s "
+        r"\(body ([\d.]+) s, outbox ([\d.]+) s\)"
+    )
+    for line in log.read_text(errors="replace").splitlines():
+        found = pattern.search(line)
+        if found:
+            total, body, outbox = (float(x) for x in found.groups())
+            return {"total_s": total, "body_s": body, "outbox_s": outbox}
+    return {}
 
 
 async def measure(
@@ -264,6 +308,7 @@ async def measure(
         stop = asyncio.Event()
         interval = args.probe_interval_ms / 1000
         progress(f"idle probes for {args.idle_seconds} s")
+        snapshots = [await scrape(probe)]  # idle starts
         task = asyncio.create_task(probe_loop(probe, probes, phase, job_url, interval, stop, gen))
         await asyncio.sleep(args.idle_seconds)
 
@@ -271,6 +316,7 @@ async def measure(
         rss_peak = rss_mib(api.pid)
         rss_before = rss_peak
         progress(f"POSTing the {args.count:,}-line job")
+        snapshots.append(await scrape(probe))
         phase[0] = "accepting"
         t0 = time.perf_counter()
         post = asyncio.create_task(
@@ -285,6 +331,7 @@ async def measure(
             await asyncio.sleep(0.05)
         response = post.result()
         accept_s = time.perf_counter() - t0
+        snapshots.append(await scrape(probe))
         response.raise_for_status()
         job = response.json()
         if job["accepted"] != args.count:
@@ -315,6 +362,7 @@ async def measure(
         e2e_s = time.perf_counter() - t0
         stop.set()
         await task
+        snapshots.append(await scrape(probe))
         cpu = {s.name: cpu_seconds(s.pid) - cpu0[s.name] for s in services}
     out.update(
         accept_s=accept_s,
@@ -327,6 +375,12 @@ async def measure(
         cpu_s=cpu,
         probe_errors=probes.errors,
         job=status,
+        waits={
+            ph: phase_waits(before, after)
+            for ph, before, after in zip(
+                ("idle", "accepting", "flowing"), snapshots, snapshots[1:], strict=False
+            )
+        },
         latencies={
             f"{ph}|{name}": {
                 "n": len(v),
@@ -338,6 +392,55 @@ async def measure(
             for (ph, name), v in probes.samples.items()
         },
     )
+    return out
+
+
+WAITS = {
+    "event-loop lag": ("bulk_recorder_api_event_loop_lag_seconds", None),
+    "pool acquire": ("bulk_recorder_api_db_acquire_seconds", None),
+    "server: POST /v1/transactions": (
+        "bulk_recorder_api_request_duration_seconds",
+        "/v1/transactions",
+    ),
+    "server: GET job status": (
+        "bulk_recorder_api_request_duration_seconds",
+        "/v1/credit-annotation-jobs/{job_id}",
+    ),
+}
+Snapshot = dict[str, dict[float, float]]  # wait -> {bucket bound: cumulative count}, +sum
+
+
+async def scrape(client: httpx.AsyncClient) -> Snapshot:
+    """The API's wait histograms now (cumulative buckets; key -1 holds the sum)."""
+    text = (await client.get("/metrics")).text
+    out: Snapshot = {name: {} for name in WAITS}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for name, (metric, route) in WAITS.items():
+                if route is not None and sample.labels.get("route") != route:
+                    continue
+                if sample.name == metric + "_bucket":
+                    out[name][float(sample.labels["le"])] = sample.value
+                elif sample.name == metric + "_sum":
+                    out[name][-1.0] = sample.value
+    return out
+
+
+def phase_waits(before: Snapshot, after: Snapshot) -> dict[str, dict[str, float]]:
+    """Per wait: count, mean ms and the bucket bound (ms) holding the p99, over a phase."""
+    out: dict[str, dict[str, float]] = {}
+    for name in WAITS:
+        b, a = before.get(name, {}), after.get(name, {})
+        bounds = sorted(k for k in a if k >= 0)
+        cum = {k: a[k] - b.get(k, 0.0) for k in bounds}
+        count = cum[bounds[-1]] if bounds else 0.0
+        total = a.get(-1.0, 0.0) - b.get(-1.0, 0.0)
+        p99 = next((k for k in bounds if cum[k] >= 0.99 * count), float("inf"))
+        out[name] = {
+            "n": count,
+            "mean_ms": 1000 * total / count if count else float("nan"),
+            "p99_le_ms": 1000 * p99,
+        }
     return out
 
 
@@ -361,6 +464,13 @@ def report(results: dict[str, Any], facts: dict[str, str], args: argparse.Namesp
             [
                 ("time to accept (202)", f"{results['accept_s']:.2f} s"),
                 ("accept rate", f"{n / results['accept_s']:,.0f} lines/s"),
+                (
+                    "the API's own split of it: body / outbox",
+                    " / ".join(
+                        f"{results.get('accept_split', {}).get(k, float('nan')):.2f} s"
+                        for k in ("body_s", "outbox_s")
+                    ),
+                ),
                 ("end to end (first byte sent -> last row recorded)", f"{results['e2e_s']:.2f} s"),
                 ("end-to-end rate", f"{n / results['e2e_s']:,.0f} rows/s"),
                 ("job fully published (relay) after", f"{results['drained_s']:.2f} s"),
@@ -414,6 +524,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="run the relay and the recorder under nice -n N (0: as the API)",
     )
+    parser.add_argument(
+        "--job-workers",
+        type=int,
+        nargs="*",
+        default=None,
+        help="API_JOB_WORKERS values to run side by side (unset: the API's default)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every variant")
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="a source tree (e.g. `git archive <ref> | tar -x -C DIR`) whose roles run as one "
+        "more variant, side by side",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the run")
     parser.add_argument("--logs", default="/tmp/bench_api_latency", help="service logs folder")
@@ -421,20 +545,115 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_waits(results: dict[str, Any]) -> None:
+    rows = []
+    for phase, waits in results.get("waits", {}).items():
+        for name, w in waits.items():
+            rows.append(
+                (phase, name, f"{w['n']:.0f}", f"{w['mean_ms']:.2f}", f"<= {w['p99_le_ms']:g}")
+            )
+    emit(
+        "What an API request waits on, from the API's /metrics (per phase)",
+        table(["phase", "wait", "n", "mean ms", "p99 ms (bucket bound)"], rows),
+    )
+
+
+def _med(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def summary(runs: list[dict[str, Any]]) -> None:
+    """Medians (min-max) per API_JOB_WORKERS value over the rounds, ratios taken per run."""
+    rows = []
+    for workers in dict.fromkeys(r["workers"] for r in runs):
+        mine = [r for r in runs if r["workers"] == workers]
+
+        def lat(r: dict[str, Any], phase: str, probe: str) -> float:
+            return float(r["latencies"][f"{phase}|{probe}"]["p99"])
+
+        def wait(r: dict[str, Any], phase: str, name: str, key: str) -> float:
+            return float(r["waits"][phase][name][key])
+
+        figures: list[tuple[str, list[float]]] = [
+            ("load average (1 min) at start", [r["load_at_start"] for r in mine]),
+            ("202 after, s", [r["accept_s"] for r in mine]),
+            (
+                "of it, API body (read, validate, stage), s",
+                [r["accept_split"].get("body_s", float("nan")) for r in mine],
+            ),
+            (
+                "of it, API outbox (job row + INSERT SELECT, commit), s",
+                [r["accept_split"].get("outbox_s", float("nan")) for r in mine],
+            ),
+            ("every row recorded after, s", [r["e2e_s"] for r in mine]),
+        ]
+        for probe in ("POST /v1/transactions", "GET job status"):
+            figures.append((f"{probe} p99 idle, ms", [lat(r, "idle", probe) for r in mine]))
+            for phase in ("accepting", "flowing"):
+                figures.append((f"{probe} p99 {phase}, ms", [lat(r, phase, probe) for r in mine]))
+                figures.append(
+                    (
+                        f"{probe} p99 {phase} / idle",
+                        [lat(r, phase, probe) / lat(r, "idle", probe) for r in mine],
+                    )
+                )
+        for phase in ("idle", "accepting", "flowing"):
+            for name in ("event-loop lag", "pool acquire"):
+                figures.append(
+                    (
+                        f"{name} mean ms, {phase}",
+                        [wait(r, phase, name, "mean_ms") for r in mine],
+                    )
+                )
+                figures.append(
+                    (
+                        f"{name} p99 bucket ms, {phase}",
+                        [wait(r, phase, name, "p99_le_ms") for r in mine],
+                    )
+                )
+        for label, values in figures:
+            rows.append((f"{workers}", label, _med(values)))
+    emit(
+        "summary: median (min-max) over the rounds, per variant",
+        table(["variant", "figure", "median (min-max)"], rows),
+    )
+
+
 def main() -> None:
     args = build_parser().parse_args()
     Path(args.logs).mkdir(parents=True, exist_ok=True)
     use_uvloop()
+    variants = [str(n) for n in args.job_workers] if args.job_workers else ["default"]
+    if args.baseline:
+        args.baseline = str(Path(args.baseline).resolve())
+        variants.insert(0, "baseline")
 
-    async def go() -> tuple[dict[str, Any], dict[str, str]]:
+    async def go() -> tuple[list[dict[str, Any]], dict[str, str]]:
         facts = await machine_facts()
-        return await run(args), facts
+        progress(f"generating a {args.count:,}-line NDJSON job")
+        body = make_job(args.count, args.seed)
+        progress(f"job body: {len(body) / 1_048_576:.1f} MiB")
+        runs = []
+        for number in range(args.rounds):
+            turn = number % len(variants)
+            for workers in variants[turn:] + variants[:turn]:
+                progress(f"round {number + 1}: {workers}")
+                result = await run(args, body, workers)
+                result["round"] = number + 1
+                runs.append(result)
+        return runs, facts
 
-    results, facts = asyncio.run(go())
-    report(results, facts, args)
-    save_json(args.json, results)
-    if results["rows_recorded"] != args.count:
-        sys.exit(f"FAILED: {results['rows_recorded']} rows recorded, expected {args.count}")
+    runs, facts = asyncio.run(go())
+    for result in runs:
+        emit(f"round {result['round']}, variant {result['workers']}", "")
+        report(result, facts, args)
+        report_waits(result)
+    if len(runs) > 1:
+        summary(runs)
+    save_json(args.json, runs if len(runs) > 1 else runs[0])
+    failed = [r for r in runs if r["rows_recorded"] != args.count]
+    if failed:
+        sys.exit(f"FAILED: {failed[0]['rows_recorded']} rows recorded, expected {args.count}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ _GZIP_MIN_BYTES = 1024
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000, 10000)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Waits inside the API process (the event loop's lag, a pooled connection): from 0.1 ms.
+_WAIT_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 # How long a delivery was held, receipt to settle: coarse below a second (the flush duration
 # histogram has the detail), then up to and past RabbitMQ's default consumer timeout (1,800 s),
 # whose two thirds the alert uses. Few buckets: five outcomes each, and every scrape writes them.
@@ -86,6 +88,7 @@ class Metrics:
         self._write_metrics(r, p)
         self._queue_metrics(r, p)
         self._producer_metrics(r, p)
+        self._api_metrics(r, p)
         for table in TABLES:
             for counter in (self.rows_attempted, self.rows_inserted, self.rows_ignored):
                 counter.labels(table=table)
@@ -249,7 +252,7 @@ class Metrics:
         )
 
     def _producer_metrics(self, r: CollectorRegistry, p: str) -> None:
-        """Producer side: the outbox relay and the ingest API."""
+        """Producer side: the outbox relay."""
         self.outbox_backlog = Gauge(
             p + "outbox_backlog",
             "Outbox rows waiting to be published (parked excluded).",
@@ -283,6 +286,9 @@ class Metrics:
             "Unix time of the relay's last confirmed publish; its start time before the first.",
             registry=r,
         )
+
+    def _api_metrics(self, r: CollectorRegistry, p: str) -> None:
+        """Producer side: the ingest API."""
         self.api_requests = Counter(
             p + "api_requests", "API requests by route and status.", ["route", "status"], registry=r
         )
@@ -291,6 +297,19 @@ class Metrics:
             "API request duration, until the response is sent.",
             ["route"],
             buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.api_loop_lag = Histogram(
+            p + "api_event_loop_lag_seconds",
+            "How late the API's event loop ran a timer (sampled every 50 ms): how long a "
+            "request that is ready waits for the loop.",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.api_db_acquire = Histogram(
+            p + "api_db_acquire_seconds",
+            "How long an API request waited for a pooled database connection.",
+            buckets=_WAIT_BUCKETS,
             registry=r,
         )
         self.api_job_lines = Counter(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Final
 
 from bulk_recorder.infra.db import Connection
@@ -65,11 +65,16 @@ class JobStaging:
         """Create the (empty) staging table; one left by an earlier upload is dropped first."""
         await self._conn.execute(_CREATE)
 
-    async def add(self, rows: Sequence[OutboxRow]) -> None:
-        """Start COPYing a batch of ``(record_type, record_id, job_id, body)`` rows into staging
-        and return: the server ingests it while the caller validates the next lines. One COPY
-        at a time: this first waits for the previous one (and raises its error, if any)."""
+    async def add(self, rows: Sequence[OutboxRow] | bytes) -> None:
+        """Start COPYing a batch of ``(record_type, record_id, job_id, body)`` rows, or of
+        ``(record_id, body)`` rows already in binary COPY format (a whole COPY stream, from
+        :mod:`bulk_recorder.producer.job_blocks`), into staging and return: the server ingests
+        it while the caller validates the next lines. One COPY at a time: this first waits for
+        the previous one (and raises its error, if any)."""
         await self.flush()
+        if isinstance(rows, bytes):
+            self._copying = asyncio.create_task(self._copy_binary(rows))
+            return
         records = [(record_id, body) for _, record_id, _, body in rows]
         self._copying = asyncio.create_task(self._copy(records))
 
@@ -82,6 +87,15 @@ class JobStaging:
     async def _copy(self, records: list[tuple[str, bytes]]) -> None:
         await self._conn.copy_records_to_table(
             STAGING_TABLE, schema_name="pg_temp", records=records, columns=_COLUMNS
+        )
+
+    async def _copy_binary(self, data: bytes) -> None:
+        await self._conn.copy_to_table(
+            STAGING_TABLE,
+            schema_name="pg_temp",
+            source=_once(data),
+            columns=_COLUMNS,
+            format="binary",
         )
 
     async def publish(self, job_id: str) -> None:
@@ -124,6 +138,11 @@ class JobStaging:
             self._conn.terminate()
         except Exception as exc:  # e.g. already released by a pool shutting down
             log.debug("staging connection not terminated: %s", exc)
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    """``data`` as a COPY source (asyncpg reads a file-like one on a thread)."""
+    yield data
 
 
 def _cancel(task: asyncio.Task[None] | None) -> None:

@@ -46,6 +46,7 @@ TIME_ORDERED_IDS = "Ids this project makes are time-ordered"
 RETENTION = "Tables that only grow have a window"
 INDEXES = "Every index serves a query of the project"
 PARTITIONED = "Partitioned ledger tables"
+UPLOADS = "Job uploads are bounded; every job completes"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_IDS = "tests/unit/test_ids.py::"
@@ -278,6 +279,38 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=PRODUCER,
         tests=(T_API + "test_job_idempotency_key_returns_the_same_job",),
         fast=True,
+    ),
+    Mutant(
+        name="job-worker-death-fails-the-job",
+        path="bulk_recorder/producer/job_workers.py",
+        old="            except BrokenProcessPool:\n                self._broken(executor)\n",
+        new="            except BrokenProcessPool:\n                self._broken(executor)\n"
+        "                raise\n",
+        promise=UPLOADS,
+        tests=(
+            "tests/faults/test_job_workers.py::"
+            "test_a_worker_killed_mid_upload_costs_the_job_nothing_and_workers_end_with_the_api",
+        ),
+    ),
+    Mutant(
+        name="job-block-repeats-inside-a-block-accepted",
+        path="bulk_recorder/producer/job_blocks.py",
+        old="if self._seen.keys().isdisjoint(ids) and len(set(ids)) == len(ids):",
+        new="if self._seen.keys().isdisjoint(ids):",
+        promise=UPLOADS,
+        tests=("tests/unit/test_job_blocks.py",),
+        fast=True,
+    ),
+    Mutant(
+        name="job-status-recounts-on-the-request-path",
+        path="bulk_recorder/producer/api/jobs.py",
+        old="    if cached is None:\n        recorded = int(",
+        new="    if True:\n        recorded = int(",
+        promise=UPLOADS,
+        tests=(
+            "tests/integration/test_job_progress.py::"
+            "test_a_status_read_never_waits_for_the_recount_of_a_job",
+        ),
     ),
     Mutant(
         name="job-never-stalled",

@@ -114,6 +114,9 @@ def test_per_message_mode(
         ("API_JOB_STALL_AFTER_S", "0"),
         ("API_JOB_STALL_AFTER_S", "-1"),
         ("API_JOB_STALL_AFTER_S", "a while"),
+        ("API_JOB_WORKERS", "-1"),
+        ("API_JOB_WORKERS", "65"),
+        ("API_JOB_WORKERS", "both cores"),
     ],
 )
 def test_bad_value_names_the_variable(clean_env: pytest.MonkeyPatch, name: str, value: str) -> None:

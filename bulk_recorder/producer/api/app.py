@@ -47,6 +47,7 @@ from bulk_recorder.producer.api.asgi import ASGIApp, Receive, Scope, Send, Statu
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
 from bulk_recorder.producer.api.job_bodies import body_components
+from bulk_recorder.producer.api.loop_lag import watch_loop_lag
 from bulk_recorder.producer.api.models import IDEMPOTENCY_SCHEMA, JobRefused
 from bulk_recorder.producer.api.problems import ApiError, Problem, answer_errors_as_problems
 from bulk_recorder.producer.api.routes import (
@@ -129,19 +130,15 @@ def create_app(
         first = asyncio.ensure_future(tried.wait())
         await asyncio.wait([opening, first], return_when=asyncio.FIRST_COMPLETED)
         first.cancel()
+        lagging = asyncio.create_task(watch_loop_lag(ctx.metrics.api_loop_lag, stop))
         try:
             yield
         finally:
             stop.set()
+            lagging.cancel()
             await asyncio.wait([opening], timeout=deadline.left())  # a connect under way
             opening.cancel()
-            pool, ctx.pool = ctx.pool, None
-            if pool is not None:
-                try:
-                    await asyncio.wait_for(pool.close(), deadline.left())
-                except TimeoutError:
-                    pool.terminate()
-            log.info("API stopped in %.1f s", deadline.elapsed())
+            await _close(ctx, deadline)
 
     app = _Api(
         title="bulk-recorder ingest API",
@@ -164,6 +161,20 @@ def create_app(
     add_transaction_routes(app, ctx)
     add_job_routes(app, ctx)
     return app
+
+
+async def _close(ctx: ApiContext, deadline: Deadline) -> None:
+    """The job workers, then the pool, within what is left of the stop budget."""
+    for recount in list(ctx.recounts.values()):
+        recount.cancel()
+    await ctx.workers.close(deadline.left())
+    pool, ctx.pool = ctx.pool, None
+    if pool is not None:
+        try:
+            await asyncio.wait_for(pool.close(), deadline.left())
+        except TimeoutError:
+            pool.terminate()
+    log.info("API stopped in %.1f s", deadline.elapsed())
 
 
 async def _open_pool(ctx: ApiContext, stop: asyncio.Event, tried: asyncio.Event) -> None:

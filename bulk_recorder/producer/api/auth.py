@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
-import asyncpg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -30,6 +29,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.infra.errors import DB_ERRORS
 from bulk_recorder.infra.metrics import Metrics
+from bulk_recorder.producer.api.context import TimedPool
 from bulk_recorder.producer.api.problems import RETRY_AFTER, problem, problem_responses
 from bulk_recorder.producer.key_store import ADMIN, ANONYMOUS, KEY_RE, SCOPES, Scope, find_key
 
@@ -119,7 +119,7 @@ _bearer = HTTPBearer(
 class Authenticator:
     """Checks each ``/v1`` request's key against ``api_keys``; ``on=False`` lets all in."""
 
-    def __init__(self, *, on: bool, metrics: Metrics, db: Callable[[], asyncpg.Pool]) -> None:
+    def __init__(self, *, on: bool, metrics: Metrics, db: Callable[[], TimedPool]) -> None:
         self.enabled = on
         self.metrics = metrics
         self._db = db

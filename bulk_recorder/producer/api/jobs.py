@@ -37,6 +37,7 @@ from bulk_recorder.producer.api.problems import (
     json_response,
 )
 from bulk_recorder.producer.ingest import JobIntake, TooManyLines
+from bulk_recorder.producer.job_blocks import BlockIntake, Validated
 from bulk_recorder.producer.job_staging import JobStaging
 from bulk_recorder.producer.outbox import notify
 from bulk_recorder.producer.parsers import FormatError, parser_for
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 
 COPY_BATCH_ROWS: Final = 5_000  # accepted lines staged per COPY
 FEED_SLICE_BYTES: Final = 16_384  # ~60 annotation lines, ~1 ms of validation
+BLOCK_BYTES: Final = 65_536  # a worker's block: ~330 annotation lines, ~4 ms of its CPU
+BLOCKS_PER_WORKER: Final = 4  # blocks in flight per worker: queued work while the loop reads
 # A job's recorded count is a count(*) over its rows (300,000 at the end of the main job): one
 # count a second per job serves any number of clients polling for a progress bar.
 RECORDED_COUNT_TTL_S: Final = 1.0
@@ -133,6 +136,85 @@ async def _stage_body(
     await staging.flush()
 
 
+async def _stage_blocks(
+    ctx: ApiContext,
+    request: Request,
+    intake: BlockIntake,
+    staging: JobStaging,
+    hasher: Any,
+    job_id: str,
+) -> None:
+    """Read and stage the whole body, its lines validated by the job workers: the loop parses
+    and hands each block over; a second task takes the answers in order and stages the rows."""
+    s = ctx.settings
+    answers: asyncio.Queue[asyncio.Future[Validated] | None] = asyncio.Queue(
+        maxsize=BLOCKS_PER_WORKER * max(1, ctx.workers.size)
+    )
+    in_flight: list[asyncio.Future[Validated]] = []
+    applier = asyncio.create_task(_apply_blocks(intake, staging, answers))
+
+    async def hand_over(answer: asyncio.Future[Validated] | None) -> None:
+        putting = asyncio.ensure_future(answers.put(answer))
+        await asyncio.wait({putting, applier}, return_when=asyncio.FIRST_COMPLETED)
+        if not putting.done():
+            putting.cancel()
+            await applier  # it failed: its error is the job's
+            raise RuntimeError("the block applier stopped before the body's end")
+
+    async def submit(block: Any) -> None:
+        validating = asyncio.ensure_future(
+            ctx.workers.validate(job_id, s.bulk_recorder_max_message_bytes, block)
+        )
+        in_flight.append(validating)
+        await hand_over(validating)
+
+    try:
+        body = body_chunks(request, s.api_max_job_bytes, s)
+        async with contextlib.aclosing(body) as chunks:
+            async for chunk in chunks:
+                hasher.update(chunk)
+                for start in range(0, len(chunk), BLOCK_BYTES):
+                    block = intake.feed(chunk[start : start + BLOCK_BYTES])
+                    if block is not None:
+                        await submit(block)
+                in_flight = [f for f in in_flight if not f.done()]
+        block = intake.finish()
+        if block is not None:
+            await submit(block)
+        await hand_over(None)
+        await applier
+    except BaseException:
+        applier.cancel()
+        for future in in_flight:
+            future.cancel()
+        await asyncio.gather(*in_flight, applier, return_exceptions=True)
+        raise
+    if intake.accepted == 0:
+        raise _no_valid_line(intake)
+    if intake.pending_rows:
+        await staging.add(intake.take_rows())
+    await staging.flush()
+
+
+async def _apply_blocks(
+    intake: BlockIntake,
+    staging: JobStaging,
+    answers: asyncio.Queue[asyncio.Future[Validated] | None],
+) -> None:
+    while (answer := await answers.get()) is not None:
+        intake.apply(await answer)
+        if intake.pending_rows >= COPY_BATCH_ROWS:
+            await staging.add(intake.take_rows())
+
+
+def _intake(ctx: ApiContext, fmt: str, job_id: str) -> JobIntake | BlockIntake:
+    limit = ctx.settings.bulk_recorder_max_message_bytes
+    parser = parser_for(fmt, limit)
+    if ctx.workers.size:
+        return BlockIntake(parser, max_lines=ctx.max_job_lines)
+    return JobIntake(job_id, parser, max_body_bytes=limit, max_lines=ctx.max_job_lines)
+
+
 async def _store_job(
     ctx: ApiContext,
     request: Request,
@@ -142,14 +224,8 @@ async def _store_job(
     hasher: Any,
     client: str,
 ) -> Response:
-    s = ctx.settings
     job_id = uuid7()
-    intake = JobIntake(
-        job_id,
-        parser_for(fmt, s.bulk_recorder_max_message_bytes),
-        max_body_bytes=s.bulk_recorder_max_message_bytes,
-        max_lines=ctx.max_job_lines,
-    )
+    intake = _intake(ctx, fmt, job_id)
     started = time.perf_counter()
     body_done = started
     prior: asyncpg.Record | None = None
@@ -158,7 +234,10 @@ async def _store_job(
             staging = JobStaging(conn)
             await staging.open()
             try:
-                await _stage_body(ctx, request, intake, staging, hasher)
+                if isinstance(intake, BlockIntake):  # validated by the job workers
+                    await _stage_blocks(ctx, request, intake, staging, hasher, job_id)
+                else:  # on this loop (API_JOB_WORKERS=0)
+                    await _stage_body(ctx, request, intake, staging, hasher)
                 body_done = time.perf_counter()
                 async with conn.transaction():
                     stored = await conn.fetchval(
@@ -196,7 +275,11 @@ async def _store_job(
 
 
 def _stored(
-    ctx: ApiContext, job_id: str, intake: JobIntake, started: float, body_done: float
+    ctx: ApiContext,
+    job_id: str,
+    intake: JobIntake | BlockIntake,
+    started: float,
+    body_done: float,
 ) -> Response:
     """The 202 for a job just stored: counted, logged with its timings, answered."""
     ctx.metrics.api_job_lines.labels(outcome="accepted").inc(intake.accepted)
@@ -222,7 +305,7 @@ def _stored(
     return json_response(202, accepted, Location=accepted.status_url)
 
 
-def _no_valid_line(intake: JobIntake) -> ApiError:
+def _no_valid_line(intake: JobIntake | BlockIntake) -> ApiError:
     detail = "no valid line in the job" if intake.rejected else "the job has no lines"
     return ApiError(
         422,
@@ -238,16 +321,38 @@ def _no_valid_line(intake: JobIntake) -> ApiError:
 async def _recorded(
     ctx: ApiContext, conn: asyncpg.pool.PoolConnectionProxy, job_id: uuid.UUID
 ) -> int:
-    """The job's recorded rows, counted at most once every RECORDED_COUNT_TTL_S."""
+    """The job's recorded rows: counted on the job's first read, then recounted at most once
+    every RECORDED_COUNT_TTL_S by a task of its own, off the request path. A read answers with
+    the last count (at most a TTL and a count old) instead of waiting for a count over up to
+    300,000 rows (25-150 ms on a busy machine: the GET's p99 during the main job)."""
     now = time.monotonic()
     cached = ctx.recorded_cache.get(job_id)
-    if cached is not None and now - cached[0] < RECORDED_COUNT_TTL_S:
-        return cached[1]
-    recorded = int(await conn.fetchval(RECORDED, job_id))
+    if cached is None:
+        recorded = int(await conn.fetchval(RECORDED, job_id))
+        _remember(ctx, job_id, now, recorded)
+        return recorded
+    if now - cached[0] >= RECORDED_COUNT_TTL_S and job_id not in ctx.recounts:
+        task = asyncio.create_task(_recount(ctx, job_id))
+        ctx.recounts[job_id] = task
+        task.add_done_callback(lambda _: ctx.recounts.pop(job_id, None))
+    return cached[1]
+
+
+async def _recount(ctx: ApiContext, job_id: uuid.UUID) -> None:
+    started = time.monotonic()
+    try:
+        async with ctx.db.acquire(timeout=10) as conn:
+            recorded = int(await conn.fetchval(RECORDED, job_id))
+    except Exception as exc:  # the next read tries again
+        log.debug("recount of job %s failed: %s", job_id, exc)
+        return
+    _remember(ctx, job_id, started, recorded)
+
+
+def _remember(ctx: ApiContext, job_id: uuid.UUID, at: float, recorded: int) -> None:
     if len(ctx.recorded_cache) >= _RECORDED_CACHE_MAX:
         ctx.recorded_cache.clear()
-    ctx.recorded_cache[job_id] = (now, recorded)
-    return recorded
+    ctx.recorded_cache[job_id] = (at, recorded)
 
 
 async def job_status(ctx: ApiContext, job_id: uuid.UUID, principal: Principal) -> JobStatus:

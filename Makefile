@@ -22,11 +22,12 @@ $(STAMP): $(RUNTIME) requirements-dev.lock
 	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
 	touch $(STAMP)
 
-# The Debian tools the test suite runs (promtool, prometheus, docker-compose, chromium):
-# installed if missing where we are root, else one line naming them.
+# The Debian tools the test suite runs (promtool, prometheus, docker-compose, chromium; ip and
+# nft for the partition rig, tests/partitions): installed if missing where we are root, else one
+# line naming them.
 system-tools:
 	@bash tests/system_tools.sh 'make test' prometheus=promtool prometheus=prometheus \
-	  docker-compose=docker-compose chromium=chromium
+	  docker-compose=docker-compose chromium=chromium nftables=nft iproute2=ip
 
 # The Node publisher of tests/integration/test_other_clients.py (amqplib from the npm registry),
 # installed exactly as tests/clients/node/package-lock.json pins it.

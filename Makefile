@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-tools node-clients lock lint rules test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster clean
+.PHONY: install system-tools node-clients lock lint rules test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster soak-partitions clean
 
 install: $(STAMP)
 
@@ -107,6 +107,13 @@ soak: $(STAMP)
 SEED ?=
 soak-cluster: $(STAMP)
 	SOAK_CLUSTER=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/cluster/test_all_faults.py
+
+# Partitions for real (tests/partitions, root: hosts in network namespaces, nft drops), long:
+# the broker-minority scenario under pause_minority and autoheal, and the nemesis run for
+# SOAK_SECONDS (180) with four faults a minute, for SOAK_PARTITION_RUNS (2) random seeds or
+# SEED=N (or SEED=N,M). `make test` runs the short ones.
+soak-partitions: $(STAMP) system-tools
+	SOAK_PARTITIONS=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/partitions
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -15,6 +15,7 @@ test`` installs them: ``make system-tools``).
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -35,7 +36,11 @@ from tests.rigs.wait import poll
 # that loses the majority closes its clients' connections and they move), and a shorter
 # net_ticktime than the default 60 s so a partition is detected in 8-12 s instead of 45-75 s.
 NET_TICKTIME = 10
-RABBIT_CONFIG = f"cluster_partition_handling = pause_minority\nnet_ticktime = {NET_TICKTIME}\n"
+# info: a node's partition handling (paused, recovering, restarting) is logged at info
+RABBIT_CONFIG = (
+    f"cluster_partition_handling = pause_minority\nnet_ticktime = {NET_TICKTIME}\n"
+    "log.console.level = info\n"
+)
 
 
 def _check_machine() -> None:
@@ -49,6 +54,17 @@ def _check_machine() -> None:
 
 
 _STARTED: list[Hosts] = []
+
+# The scenarios' reports, shown again in pytest's summary (make test and make soak-partitions
+# print them even when the tests pass).
+REPORTS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if REPORTS:
+        terminalreporter.section("partition runs")
+        for report in REPORTS:
+            terminalreporter.write_line(report)
 
 
 @pytest.fixture(scope="session")
@@ -82,17 +98,39 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             _stop(started)
 
 
+def cluster_views(started: Hosts) -> dict[str, tuple[set[str], list[str]]]:
+    """Each node's view: the nodes it reports running, and the partitions it reports."""
+    views: dict[str, tuple[set[str], list[str]]] = {}
+    for node in started.rabbit.nodes:
+        result = node.ctl("cluster_status", "--formatter", "json", check=False, timeout=30)
+        try:
+            status = json.loads(result.stdout)
+        except ValueError:
+            views[node.name] = (set(), [f"no answer: {result.stdout}{result.stderr}"[:200]])
+            continue
+        partitions = status.get("partitions") or {}
+        views[node.name] = (
+            set(status.get("running_nodes") or ()),
+            [f"{k}: {v}" for k, v in partitions.items()],
+        )
+    return views
+
+
 def cluster_whole(started: Hosts, timeout: float = 120) -> None:
-    """Wait until every node is running in the cluster (a paused minority resumes on heal)."""
+    """Wait until every node reports every node running and no partition (a paused minority
+    resumes once it sees the majority again)."""
     expected = {n.node for n in started.rabbit.nodes}
+    last: dict[str, tuple[set[str], list[str]]] = {}
 
     def whole() -> bool:
-        try:
-            return set(started.rabbit.cluster_running_nodes()) == expected
-        except RuntimeError:
-            return False
+        nonlocal last
+        last = cluster_views(started)
+        return all(running == expected and not parts for running, parts in last.values())
 
-    poll(whole, timeout, "every broker node running in the cluster", interval=1)
+    try:
+        poll(whole, timeout, "every broker node running in the cluster", interval=1)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; each node's view: {last}") from None
 
 
 @pytest.fixture

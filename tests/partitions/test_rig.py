@@ -107,6 +107,14 @@ def test_cuts_are_silent_one_way_drops_lose_one_direction_and_heal_resumes(hosts
         assert udp_arrives(net, "rec1", "rec2")
         net.heal()
 
+        first = net.cut(["rec2"], ["rec1"])  # two overlapping partitions: one restored alone
+        second = net.cut(["relay"], ["rec1"])
+        net.restore(first)
+        assert net.active() == [second.what]
+        assert client.port_open(PORT, server.address)
+        assert not other.port_open(PORT, server.address, timeout=1)
+        net.heal()
+
         net.isolate("rec1")
         assert not other.port_open(PORT, server.address, timeout=1)
         assert net.observer.port_open(PORT, server.address)  # the test still sees it

@@ -33,8 +33,9 @@ API:
   too, without a reset; conntrack does not bypass a filter drop):
   ``net.cut(a, b)`` both ways between two sets of host names, ``net.drop(src, dst)`` one way
   (packets from ``src`` to ``dst`` are lost, the other direction flows), ``net.isolate(name)``
-  (from every other host, the observer excepted), ``net.heal()``; ``net.active()`` describes
-  what is in force.
+  (from every other host, the observer excepted); each returns a :class:`Partition` that
+  ``net.restore(p)`` removes alone (partitions may overlap), ``net.heal()`` removes them all;
+  ``net.active()`` describes what is in force.
 - ``net.steer(clients, refuse=[...], port=5672)`` rejects (TCP reset, fast) connects from
   ``clients`` to the ``refuse`` hosts' port, so that clients that pick a node at random land
   on the one left; ``net.unsteer()``. Placement, not a fault.
@@ -205,6 +206,20 @@ def _set(addresses: Iterable[str]) -> str:
     return "{ " + ", ".join(sorted(addresses)) + " }"
 
 
+@dataclass(frozen=True)
+class Rule:
+    host: str
+    handle: int  # nft's rule handle in that host's input chain
+
+
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """One cut or drop in force: what it is, and its rules (for :meth:`Net.restore`)."""
+
+    what: str
+    rules: tuple[Rule, ...]
+
+
 @dataclass
 class Net:
     """The switch, the observer and one namespace for each name of ``hosts``."""
@@ -214,7 +229,7 @@ class Net:
         default_factory=lambda: f"{PREFIX_ROOT}-{os.getpid()}-{secrets.token_hex(2)}"
     )
     by_name: dict[str, Host] = field(default_factory=dict, init=False)
-    _cuts: list[str] = field(default_factory=list, init=False)
+    _cuts: list[Partition] = field(default_factory=list, init=False)
     _root_before: str = field(default="", init=False)
     _forwards: list[Forward] = field(default_factory=list, init=False)
 
@@ -305,32 +320,53 @@ class Net:
     def _addresses(self, names: Iterable[str]) -> list[str]:
         return [self.by_name[n].address for n in names]
 
-    def _input_rule(self, receivers: Iterable[str], senders: Iterable[str], why: str) -> None:
-        senders = list(senders)
+    def _input_rules(self, receivers: Iterable[str], senders: Iterable[str]) -> list[Rule]:
+        rule = f"add rule inet nemesis input ip saddr {_set(self._addresses(senders))} drop\n"
+        made = []
         for name in receivers:
-            rule = f"add rule inet nemesis input ip saddr {_set(self._addresses(senders))} drop\n"
-            self.by_name[name].run(["nft", "-f", "-"], f"nft drop in {name}", rule)
-        self._cuts.append(why)
+            out = self.by_name[name].run(
+                ["nft", "--echo", "--handle", "-f", "-"], f"nft drop in {name}", rule
+            )
+            handle = re.search(r"# handle (\d+)", out)
+            if handle is None:
+                raise RuntimeError(f"nft gave no rule handle: {out!r}")
+            made.append(Rule(name, int(handle.group(1))))
+        return made
 
-    def drop(self, src: Iterable[str], dst: Iterable[str]) -> None:
+    def _record(self, what: str, rules: list[Rule]) -> Partition:
+        partition = Partition(what, tuple(rules))
+        self._cuts.append(partition)
+        return partition
+
+    def drop(self, src: Iterable[str], dst: Iterable[str]) -> Partition:
         """One way: packets from the ``src`` hosts to the ``dst`` hosts are dropped silently."""
         src, dst = sorted(src), sorted(dst)
-        self._input_rule(dst, src, f"{','.join(src)} -> {','.join(dst)} dropped")
+        rules = self._input_rules(dst, src)
+        return self._record(f"{','.join(src)} -> {','.join(dst)} dropped", rules)
 
-    def cut(self, a: Iterable[str], b: Iterable[str]) -> None:
+    def cut(self, a: Iterable[str], b: Iterable[str]) -> Partition:
         """Both ways between the sets ``a`` and ``b``: nothing passes, nobody is told."""
         a, b = sorted(a), sorted(b)
         if set(a) & set(b):
             raise ValueError(f"a host on both sides of a cut: {set(a) & set(b)}")
-        self._input_rule(a, b, "")
-        self._input_rule(b, a, "")
-        self._cuts[-2:] = [f"{','.join(a)} | {','.join(b)}"]
+        rules = self._input_rules(a, b) + self._input_rules(b, a)
+        return self._record(f"{','.join(a)} | {','.join(b)}", rules)
 
-    def isolate(self, name: str) -> None:
+    def isolate(self, name: str) -> Partition:
         """``name`` cut from every other host (the observer still reaches it)."""
         others = [n for n in self.hosts if n != name]
-        self.cut([name], others)
-        self._cuts[-1] = f"{name} isolated"
+        partition = self.cut([name], others)
+        self._cuts[-1] = partition = Partition(f"{name} isolated", partition.rules)
+        return partition
+
+    def restore(self, partition: Partition) -> None:
+        """Remove one partition's rules only (others in force stay: faults may overlap)."""
+        for rule in partition.rules:
+            self.by_name[rule.host].run(
+                ["nft", "delete", "rule", "inet", "nemesis", "input", "handle", str(rule.handle)],
+                f"nft delete in {rule.host}",
+            )
+        self._cuts = [c for c in self._cuts if c is not partition]
 
     def heal(self) -> None:
         """Every partition removed (placement by :meth:`steer` stays)."""
@@ -339,7 +375,7 @@ class Net:
         self._cuts.clear()
 
     def active(self) -> list[str]:
-        return list(self._cuts)
+        return [c.what for c in self._cuts]
 
     def steer(self, clients: Iterable[str], refuse: Iterable[str], port: int) -> None:
         """Connects from ``clients`` to ``refuse``'s ``port`` are reset at once (placement)."""

@@ -46,6 +46,7 @@ TIME_ORDERED_IDS = "Ids this project makes are time-ordered"
 RETENTION = "Tables that only grow have a window"
 INDEXES = "Every index serves a query of the project"
 PARTITIONED = "Partitioned ledger tables"
+NETWORK_PARTITIONS = "Network partitions"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_IDS = "tests/unit/test_ids.py::"
@@ -2126,5 +2127,17 @@ MUTANTS: tuple[Mutant, ...] = (
             T_PARTITIONS
             + "test_the_command_partitions_an_empty_ledger_once_and_refuses_one_with_rows",
         ),
+    ),
+    Mutant(
+        name="publisher-forgets-a-failed-chunks-ids",
+        path="tests/cluster/traffic.py",
+        old="                    self.unconfirmed[record_type] |= ids\n",
+        new="                    pass\n",
+        promise=NETWORK_PARTITIONS,
+        tests=(
+            "tests/faults/test_traffic_retries.py::"
+            "test_a_chunk_published_again_keeps_the_first_attempts_ids",
+        ),
+        fast=True,
     ),
 )

@@ -151,7 +151,8 @@ async def test_a_broker_node_cut_from_its_peers_under_its_clients(
         f"  healed at +{heal_at - cut_at:.1f} s, every node running in the cluster at "
         f"+{whole_at - cut_at:.1f} s",
         f"  longest stretch without a commit: {c_gap:.1f} s from +{c_at:.1f} s until the clients"
-        f" moved; {gap:.1f} s from +{at:.1f} s over the whole run after the cut",
+        f" moved (or the heal, if some never did); {gap:.1f} s from +{at:.1f} s over the whole"
+        " run after the cut",
         f"  records {run.records()}; {len(run.queue.failed_attempts)} publisher chunks sent again",
         f"  {audit.line()}; DLQ {audit.dlq_total} ({audit.dlq_surplus} at-least-once repeats)",
     ]
@@ -161,4 +162,5 @@ async def test_a_broker_node_cut_from_its_peers_under_its_clients(
     print("\n" + report)
     assert unready == [], f"not ready at the end: {unready}"
     audit.assert_exact(dlq_surplus_allowed=True)
-    assert all(logs.connected_after(c, cut_at) for c in clients), report
+    if handling == "pause_minority":  # autoheal may keep them on mq1: it can win the heal
+        assert all(logs.connected_after(c, cut_at) for c in clients), report

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-tools node-clients lock lint rules test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster clean
+.PHONY: install system-tools node-clients lock lint rules test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster soak-partitions clean
 
 install: $(STAMP)
 
@@ -22,11 +22,12 @@ $(STAMP): $(RUNTIME) requirements-dev.lock
 	$(BIN)/pip install --quiet --require-hashes -r requirements-dev.lock
 	touch $(STAMP)
 
-# The Debian tools the test suite runs (promtool, prometheus, docker-compose, chromium):
-# installed if missing where we are root, else one line naming them.
+# The Debian tools the test suite runs (promtool, prometheus, docker-compose, chromium; ip and
+# nft for the partition rig, tests/partitions): installed if missing where we are root, else one
+# line naming them.
 system-tools:
 	@bash tests/system_tools.sh 'make test' prometheus=promtool prometheus=prometheus \
-	  docker-compose=docker-compose chromium=chromium
+	  docker-compose=docker-compose chromium=chromium nftables=nft iproute2=ip
 
 # The Node publisher of tests/integration/test_other_clients.py (amqplib from the npm registry),
 # installed exactly as tests/clients/node/package-lock.json pins it.
@@ -107,6 +108,13 @@ soak: $(STAMP)
 SEED ?=
 soak-cluster: $(STAMP)
 	SOAK_CLUSTER=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/cluster/test_all_faults.py
+
+# Partitions for real (tests/partitions, root: hosts in network namespaces, nft drops), long:
+# the broker-minority scenario under pause_minority and autoheal, and the nemesis run for
+# SOAK_SECONDS (180) with four faults a minute, for SOAK_PARTITION_RUNS (2) random seeds or
+# SEED=N (or SEED=N,M). `make test` runs the short ones.
+soak-partitions: $(STAMP) system-tools
+	SOAK_PARTITIONS=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/partitions
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -172,11 +172,16 @@ async def publish_load(
     progress: Callable[[int], None] | None = None,
     declare: Callable[[Any], Awaitable[None]] | None = None,
     generator: Generator | None = None,
+    report: LoadReport | None = None,
 ) -> LoadReport:
     """Publish the planned messages with confirms, ``spec.in_flight`` unconfirmed at most, in
     batches of PUBLISH_BATCH a write (infra.aiormq_internals.write_publishes: the per-message
-    publish was the demo's bottleneck). Raises if the broker did not confirm every message."""
-    report = LoadReport()
+    publish was the demo's bottleneck). Raises if the broker did not confirm every message.
+
+    ``report`` (default: a new one) is filled as messages are sent, so that a caller whose
+    publish raised still knows which ids it may have published (UUIDv7s: another attempt with
+    the same seed makes other ids)."""
+    report = report if report is not None else LoadReport()
     gen = generator or Generator.create(spec.seed)
     connection = await BrokerNodes.from_setting(url).connect()
     try:

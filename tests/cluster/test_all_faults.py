@@ -262,7 +262,7 @@ async def run_and_audit(
         sent.published += api_records
         sent.valid += api_records
         audit, parked, unready = await settle_and_audit(
-            rig, cluster, topo, sent, shapes, len(runner.applied)
+            rig, cluster, topo, sent, shapes, len(runner.applied), queue.unconfirmed
         )
     finally:
         stop.set()
@@ -283,7 +283,13 @@ async def run_and_audit(
 
 
 async def settle_and_audit(
-    rig: Rig, cluster: RabbitCluster, topo: Topology, sent, shapes: Counter[str], faults: int
+    rig: Rig,
+    cluster: RabbitCluster,
+    topo: Topology,
+    sent,
+    shapes: Counter[str],
+    faults: int,
+    unconfirmed: dict[str, set[str]],
 ) -> tuple[Audit, int, list[str]]:
     opened: list[asyncpg.Connection] = []
 
@@ -309,7 +315,9 @@ async def settle_and_audit(
         for name, proc in rig.procs.items():
             assert proc.running, f"{name} died"
             assert await proc.terminate() == 0, f"{name} did not stop cleanly"
-        audit = await audit_run(conn, broker, sent, faults=faults, expected_dlq=shapes)
+        audit = await audit_run(
+            conn, broker, sent, faults=faults, expected_dlq=shapes, unconfirmed=unconfirmed
+        )
     finally:
         await broker.close()
         for each in opened:

@@ -8,8 +8,10 @@ straight to the queue that survives the loss of its broker node.
 - :class:`JobClient` uploads NDJSON jobs of credit annotations the same way.
 - :class:`QueueTraffic` publishes chunks of the load generator's mixed traffic (valid,
   duplicate and invalid messages) with confirms. A chunk whose publish failed (its node was
-  killed) is published again in full: its valid records are absorbed by the insert, and its
-  invalid ones may reach the DLQ twice, which :attr:`QueueTraffic.invalid_republished` bounds.
+  killed) is published again in full, under new ids (the generator's UUIDv7s come from the
+  clock): the failed attempt's valid ids are kept in :attr:`QueueTraffic.unconfirmed` (the
+  broker may have taken them: they may be recorded, and need not be), and its invalid ones may
+  reach the DLQ twice, which :attr:`QueueTraffic.invalid_republished` bounds.
 
 Every id whose request was answered 202 and every valid id whose publish was confirmed is
 collected: the audit expects exactly those in PostgreSQL.
@@ -21,7 +23,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +152,8 @@ class QueueTraffic:
     reports: list[LoadReport] = field(default_factory=list)
     failed_attempts: list[str] = field(default_factory=list)
     invalid_republished: int = 0  # invalid messages of chunks published again (DLQ surplus bound)
+    # valid ids of attempts that failed: maybe recorded, never promised (tests/faults/audit.py)
+    unconfirmed: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
 
     async def run(self, stop: asyncio.Event) -> None:
         n = 0
@@ -163,11 +167,16 @@ class QueueTraffic:
 
     async def _until_confirmed(self, spec: LoadSpec) -> LoadReport:
         while True:
+            attempt = LoadReport()
             try:
-                return await asyncio.wait_for(publish_load(self.url, self.exchange, spec), 60)
+                return await asyncio.wait_for(
+                    publish_load(self.url, self.exchange, spec, report=attempt), 60
+                )
             except (Exception, TimeoutError) as exc:  # a node killed under the publisher
                 self.failed_attempts.append(repr(exc)[:200])
                 self.invalid_republished += spec.invalid_count
+                for record_type, ids in attempt.ids.items():
+                    self.unconfirmed[record_type] |= ids
                 await asyncio.sleep(0.5)
 
     def merged(self) -> tuple[LoadReport, Counter[str]]:

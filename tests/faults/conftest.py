@@ -117,7 +117,8 @@ API = ("-m", "consumer.cli", "api")
 
 class RecorderProcess:
     """One ``python -m consumer`` child process (or another command: ``args``, e.g. ``RELAY``);
-    its output goes to a log file."""
+    its output goes to a log file. ``launcher`` goes before the command (e.g. ``ip netns exec
+    NS``, which execs it: the pid stays the service's own)."""
 
     def __init__(
         self,
@@ -125,11 +126,13 @@ class RecorderProcess:
         log_path: Path,
         args: tuple[str, ...] = CONSUME,
         env: dict[str, str] | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
         self.log_path = log_path
         self.args = args
         self.env = env or {}
+        self.launcher = launcher
         self.proc: asyncio.subprocess.Process | None = None
         self.kills = 0
         self.starts = 0
@@ -141,6 +144,7 @@ class RecorderProcess:
             log.write(f"\n===== start #{self.starts} =====\n".encode())
             log.flush()
             self.proc = await asyncio.create_subprocess_exec(
+                *self.launcher,
                 sys.executable,
                 *self.args,
                 cwd=REPO,
@@ -209,10 +213,12 @@ class RecorderPool:
         args: tuple[str, ...] = CONSUME,
         name: str = "recorder",
         env: dict[str, str] | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> RecorderProcess:
-        """Start ``python ARGS`` (by default the recorder); ``env`` adds to the settings'."""
+        """Start ``python ARGS`` (by default the recorder); ``env`` adds to the settings';
+        ``launcher`` goes before the command (``ip netns exec NS``)."""
         log_path = self.folder / f"{name}-{len(self.processes)}.log"
-        proc = RecorderProcess(settings, log_path, args, env)
+        proc = RecorderProcess(settings, log_path, args, env, launcher)
         self.processes.append(proc)
         await proc.start()
         return proc

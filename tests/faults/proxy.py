@@ -138,6 +138,11 @@ class TcpProxy:
         direction of each connection (numbered from 1 in accept order). None: not watched."""
         return None
 
+    async def open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The connection to the target (subclasses may open it elsewhere, e.g. in another
+        network namespace: tests/rigs/netns.py)."""
+        return await asyncio.open_connection(self.target_host, self.target_port)
+
     def _is_cut(self) -> bool:
         # a method, not an inline comparison: the mode changes while a handler awaits
         return self.mode == "cut"
@@ -162,10 +167,8 @@ class TcpProxy:
             if self._is_cut() or writer.transport.is_closing():
                 return
             try:
-                up_reader, up_writer = await asyncio.open_connection(
-                    self.target_host, self.target_port
-                )
-            except OSError as exc:
+                up_reader, up_writer = await self.open_upstream()
+            except (OSError, TimeoutError) as exc:
                 log.debug("proxy %d: upstream connect failed: %s", self.port, exc)
                 return
             link.upstream = up_writer

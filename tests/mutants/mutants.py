@@ -47,6 +47,7 @@ RETENTION = "Tables that only grow have a window"
 INDEXES = "Every index serves a query of the project"
 PARTITIONED = "Partitioned ledger tables"
 UPLOADS = "Job uploads are bounded; every job completes"
+NETWORK_PARTITIONS = "Network partitions"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_IDS = "tests/unit/test_ids.py::"
@@ -2203,5 +2204,17 @@ MUTANTS: tuple[Mutant, ...] = (
             T_PARTITIONS
             + "test_the_command_partitions_an_empty_ledger_once_and_refuses_one_with_rows",
         ),
+    ),
+    Mutant(
+        name="publisher-forgets-a-failed-chunks-ids",
+        path="tests/cluster/traffic.py",
+        old="                    self.unconfirmed[record_type] |= ids\n",
+        new="                    pass\n",
+        promise=NETWORK_PARTITIONS,
+        tests=(
+            "tests/faults/test_traffic_retries.py::"
+            "test_a_chunk_published_again_keeps_the_first_attempts_ids",
+        ),
+        fast=True,
     ),
 )

@@ -29,6 +29,11 @@ that user, the data directories live in a private folder of the system's tempora
 owned by ``postgres``. :meth:`PgCluster.stop` copies the server logs into ``base_dir`` (the
 test's folder) and removes that private folder, also after a failed test.
 
+``hosts=(primary_host, standby_host)`` (:class:`~tests.rigs.netns.Host` s) runs each server in
+its network namespace on port 5432 of its host's address, trusting the rig's subnet: the standby
+streams from the primary's address across the rig's bridge, so a partition between the two
+hosts cuts the replication for real.
+
 Every method blocks; from async tests call the slow ones through ``asyncio.to_thread``.
 """
 
@@ -41,6 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.rigs.postgres_server import (
     DB_USER,
@@ -53,6 +59,9 @@ from tests.rigs.postgres_server import (
 )
 from tests.rigs.wait import poll
 
+if TYPE_CHECKING:
+    from tests.rigs.netns import Host
+
 __all__ = ["PG_BIN", "PgCluster", "PgServer", "available"]
 
 
@@ -63,6 +72,7 @@ class PgCluster:
     base_dir: Path
     synchronous: bool = True
     standby_name: str = "standby"
+    hosts: tuple[Host, Host] | None = None  # (primary's, standby's) network namespaces
     work_dir: Path = field(init=False)
     primary: PgServer = field(init=False)
     standby: PgServer = field(init=False)
@@ -76,8 +86,18 @@ class PgCluster:
             os.chown(self.work_dir, user.pw_uid, user.pw_gid)
         else:
             self.work_dir = Path(tempfile.mkdtemp(prefix="pg-", dir=self.base_dir))
-        self.primary = PgServer("primary", self.work_dir / "primary")
-        self.standby = PgServer("standby", self.work_dir / "standby")
+        if self.hosts is None:
+            self.primary = PgServer("primary", self.work_dir / "primary")
+            self.standby = PgServer("standby", self.work_dir / "standby")
+        else:
+            self.primary = PgServer("primary", self.work_dir / "primary", 5432, host=self.hosts[0])
+            self.standby = PgServer("standby", self.work_dir / "standby", 5432, host=self.hosts[1])
+
+    def _trusted(self) -> str:
+        """Who may connect: 127.0.0.1, or in namespaces the rig's whole /24."""
+        if self.hosts is None:
+            return "127.0.0.1/32"
+        return self.primary.address.rsplit(".", 1)[0] + ".0/24"
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> PgCluster:
@@ -101,7 +121,7 @@ class PgCluster:
         self._append_conf(
             data,
             f"""
-listen_addresses = '127.0.0.1'
+listen_addresses = '{self.primary.address}'
 port = {self.primary.port}
 unix_socket_directories = ''
 shared_buffers = 32MB
@@ -111,34 +131,38 @@ synchronous_commit = on
 synchronous_standby_names = {sync_names}
 """,
         )
-        # trust, from 127.0.0.1 only: no local (socket) line, no ::1, no other address
+        # trust, from 127.0.0.1 only (or the rig's subnet): no local (socket) line, no ::1
+        trusted = self._trusted()
         self._write_as_server_user(
             data / "pg_hba.conf",
-            "host all all 127.0.0.1/32 trust\nhost replication all 127.0.0.1/32 trust\n",
+            f"host all all {trusted} trust\nhost replication all {trusted} trust\n",
         )
 
     def _clone_standby(self) -> None:
         run(
-            as_server_user(
-                [
-                    str(PG_BIN / "pg_basebackup"),
-                    "-D",
-                    str(self.standby.data_dir),
-                    "-d",
-                    f"host=127.0.0.1 port={self.primary.port} user={DB_USER} "
-                    f"application_name={self.standby_name}",
-                    "-R",  # standby.signal and primary_conninfo
-                    "-X",
-                    "stream",
-                    "--checkpoint=fast",
-                    "--no-sync",
-                ]
+            self.standby.argv(
+                as_server_user(
+                    [
+                        str(PG_BIN / "pg_basebackup"),
+                        "-D",
+                        str(self.standby.data_dir),
+                        "-d",
+                        f"host={self.primary.address} port={self.primary.port} user={DB_USER} "
+                        f"application_name={self.standby_name}",
+                        "-R",  # standby.signal and primary_conninfo
+                        "-X",
+                        "stream",
+                        "--checkpoint=fast",
+                        "--no-sync",
+                    ]
+                )
             ),
             "pg_basebackup",
         )
         self._append_conf(
             self.standby.data_dir,
             f"""
+listen_addresses = '{self.standby.address}'
 port = {self.standby.port}
 # promoted, this server has no standby of its own: it must not wait for one
 synchronous_standby_names = ''
@@ -224,7 +248,7 @@ synchronous_standby_names = ''
         servers = [self.primary, self.standby]
         if standby_first:
             servers.reverse()
-        hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
+        hosts = ",".join(f"{s.address}:{s.port}" for s in servers)
         query = "&".join(
             f"{k}={v}" for k, v in {"target_session_attrs": "read-write", **params}.items()
         )

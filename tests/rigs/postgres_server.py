@@ -8,6 +8,10 @@ standby from two of them.
 PostgreSQL refuses to run as root: under root every server command runs as the ``postgres`` OS
 user (``runuser``). Every method blocks; from async tests call the slow ones through
 ``asyncio.to_thread``.
+
+``host`` (a :class:`~tests.rigs.netns.Host`) runs the server inside that network namespace, and
+every command of ours against it (``pg_ctl``, ``psql``, the port probe) from inside it too; the
+server then listens on the host's address (the cluster rig writes ``listen_addresses``).
 """
 
 from __future__ import annotations
@@ -21,9 +25,13 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.rigs.rabbitmq_node import free_port
 from tests.rigs.wait import poll
+
+if TYPE_CHECKING:
+    from tests.rigs.netns import Host
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 OS_USER = "postgres"
@@ -95,17 +103,26 @@ class PgServer:
     data_dir: Path
     port: int = field(default_factory=free_port)
     pids_seen: set[int] = field(default_factory=set)
+    host: Host | None = None  # in this network namespace (tests/rigs/netns.py)
+
+    @property
+    def address(self) -> str:
+        return self.host.address if self.host is not None else "127.0.0.1"
+
+    def argv(self, cmd: list[str]) -> list[str]:
+        """``cmd`` as run against this server: inside its namespace, if it has one."""
+        return self.host.argv(cmd) if self.host is not None else cmd
 
     @property
     def log_file(self) -> Path:
         return self.data_dir.parent / f"{self.name}.log"
 
     def dsn(self, database: str = "postgres") -> str:
-        return f"postgresql://{DB_USER}@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://{DB_USER}@{self.address}:{self.port}/{database}"
 
     def pg_ctl(self, *args: str, timeout: float = 120) -> str:
         return run(
-            as_server_user([str(PG_BIN / "pg_ctl"), "-D", str(self.data_dir), *args]),
+            self.argv(as_server_user([str(PG_BIN / "pg_ctl"), "-D", str(self.data_dir), *args])),
             f"pg_ctl {args[-1]} on {self.name}",
             timeout,
         )
@@ -183,6 +200,8 @@ class PgServer:
         return os.fsencode(self.data_dir) in argv
 
     def accepts_tcp(self) -> bool:
+        if self.host is not None:
+            return self.host.port_open(self.port)
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return True
@@ -203,18 +222,20 @@ class PgServer:
     def sql(self, query: str, database: str = "postgres") -> str:
         """Run one SQL command with psql; the unaligned, tuples-only output, stripped."""
         return run(
-            [
-                str(PG_BIN / "psql"),
-                "-X",
-                "-A",
-                "-t",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-d",
-                self.dsn(database),
-                "-c",
-                query,
-            ],
+            self.argv(
+                [
+                    str(PG_BIN / "psql"),
+                    "-X",
+                    "-A",
+                    "-t",
+                    "-v",
+                    "ON_ERROR_STOP=1",
+                    "-d",
+                    self.dsn(database),
+                    "-c",
+                    query,
+                ]
+            ),
             f"psql on {self.name}: {query}",
             timeout=60,
         ).strip()

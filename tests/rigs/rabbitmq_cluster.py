@@ -31,10 +31,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.rigs.rabbitmq_node import RabbitNode, new_cookie
 from tests.rigs.wait import poll
+
+if TYPE_CHECKING:
+    from tests.rigs.netns import Host
 
 
 @dataclass(frozen=True)
@@ -61,15 +64,34 @@ class RabbitCluster:
     base_dir: Path
     size: int = 3
     prefix: str = field(default_factory=lambda: f"brha{secrets.token_hex(3)}")
+    # one network namespace a node (tests/rigs/netns.py): each node on its host's address, with
+    # the standard ports, and `config` (extra rabbitmq.conf text) for every node
+    hosts: list[Host] | None = None
+    config: str = ""
     nodes: list[RabbitNode] = field(init=False)
     timings: dict[str, float] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         cookie = new_cookie()
+        if self.hosts is None:
+            self.nodes = [
+                RabbitNode(
+                    f"{self.prefix}n{i}",
+                    self.base_dir / f"node{i}",
+                    cookie=cookie,
+                    config=self.config,
+                )
+                for i in range(1, self.size + 1)
+            ]
+            return
+        self.size = len(self.hosts)
         self.nodes = [
-            RabbitNode(f"{self.prefix}n{i}", self.base_dir / f"node{i}", cookie=cookie)
-            for i in range(1, self.size + 1)
-        ]
+            RabbitNode(
+                f"{self.prefix}n{i}", self.base_dir / f"node{i}", amqp_port=5672,
+                dist_port=25672, cookie=cookie, config=self.config, host=host,
+            )
+            for i, host in enumerate(self.hosts, start=1)
+        ]  # fmt: skip
 
     # -- addresses --------------------------------------------------------------------------
     @property

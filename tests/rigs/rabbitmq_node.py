@@ -14,6 +14,11 @@ The node runs in the foreground as our child (``RUNNING_UNDER_SYSTEMD`` makes th
 
 Ports: callers choose them; keep clear of 5790-5799 and 25790-25799, which other checks on this
 machine use. :func:`free_port` finds a free one.
+
+``host`` (a :class:`~tests.rigs.netns.Host`) runs the node inside that network namespace
+instead, on the host's address: node name ``name@<address>`` (long names), AMQP and
+distribution listeners and epmd on that address, ``guest`` allowed from other hosts (there is
+no other way in), and ``rabbitmqctl`` run inside the namespace too.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.rigs.netns import Host
 
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
@@ -64,15 +73,23 @@ class RabbitNode:
     cookie: str = field(default_factory=new_cookie)
     config: str = ""
     listen_plain: bool = True
+    host: Host | None = None  # in this network namespace, on its address (tests/rigs/netns.py)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def address(self) -> str:
+        return self.host.address if self.host is not None else "127.0.0.1"
+
+    @property
     def node(self) -> str:
-        return f"{self.name}@localhost"
+        return f"{self.name}@{self.address if self.host is not None else 'localhost'}"
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/"
+        return f"amqp://guest:guest@{self.address}:{self.amqp_port}/"
+
+    def _argv(self, cmd: list[str]) -> list[str]:
+        return self.host.argv(cmd) if self.host is not None else cmd
 
     @property
     def home(self) -> Path:
@@ -92,14 +109,15 @@ class RabbitNode:
         (self.base_dir / "rabbitmq-env.conf").write_text("")
         (self.base_dir / "enabled_plugins").write_text("[].\n")
         lines = [
-            # guest may log in from loopback only, which is where the tests are
-            "loopback_users.guest = true",
+            # guest may log in from loopback only, which is where the tests are (in a
+            # namespace of its own a node is reached from other hosts' addresses only)
+            "loopback_users.guest = true" if self.host is None else "loopback_users = none",
             "log.console = true",
             "log.console.level = warning",
             "log.file = false",
         ]
         if self.listen_plain:
-            lines.insert(0, f"listeners.tcp.default = 127.0.0.1:{self.amqp_port}")
+            lines.insert(0, f"listeners.tcp.default = {self.address}:{self.amqp_port}")
         else:
             lines.insert(0, "listeners.tcp = none")
         (self.base_dir / "rabbitmq.conf").write_text("\n".join(lines) + "\n" + self.config)
@@ -114,13 +132,17 @@ class RabbitNode:
             RABBITMQ_MNESIA_BASE=str(self.base_dir / "mnesia"),
             RABBITMQ_LOG_BASE=str(self.base_dir / "log"),
             RABBITMQ_NODENAME=self.node,
-            RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_IP_ADDRESS=self.address,
             RABBITMQ_NODE_PORT=str(self.amqp_port),
             RABBITMQ_DIST_PORT=str(self.dist_port),
             RUNNING_UNDER_SYSTEMD="1",
-            ERL_EPMD_ADDRESS="127.0.0.1",
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            ERL_EPMD_ADDRESS=self.address,  # epmd adds the loopback itself
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
+                f"-kernel inet_dist_use_interface {{{self.address.replace('.', ',')}}}"
+            ),
         )
+        if self.host is not None:
+            env["RABBITMQ_USE_LONGNAME"] = "true"
         return env
 
     def start(self, timeout: float = 90) -> RabbitNode:
@@ -129,7 +151,7 @@ class RabbitNode:
         self._prepare()
         with self.log_file.open("ab") as log:
             self.proc = subprocess.Popen(
-                [SERVER],
+                self._argv([SERVER]),
                 env=self.env(),
                 cwd=self.base_dir,
                 stdin=subprocess.DEVNULL,
@@ -161,6 +183,8 @@ class RabbitNode:
             time.sleep(0.2 if booting else 0.5)
 
     def _port_open(self) -> bool:
+        if self.host is not None:
+            return self.host.port_open(self.amqp_port)
         try:
             with socket.create_connection(("127.0.0.1", self.amqp_port), timeout=1):
                 return True
@@ -172,7 +196,7 @@ class RabbitNode:
     ) -> subprocess.CompletedProcess[str]:
         """Run ``rabbitmqctl -n <node> ARGS`` against this node."""
         result = subprocess.run(
-            [CTL, "-n", self.node, *args],
+            self._argv([CTL, "-n", self.node, *args]),
             env=self.env(),
             capture_output=True,
             text=True,

@@ -1,0 +1,178 @@
+"""Partition fixtures: the system on hosts in network namespaces (tests/rigs/hosted.py).
+
+``hosts`` is one :class:`~tests.rigs.hosted.Hosts` for the session (namespaces and the
+three-node RabbitMQ cluster, some 30 s to start), stopped once no test left in the session
+needs it; its teardown checks that nothing is left behind (namespaces, links or rules of the
+root namespace changed) and fails the session's last test that used it if something is.
+``hosted`` gives each test a fresh PostgreSQL pair, forwarders and a process launcher, and
+heals every partition afterwards, waiting until the cluster has every node running again.
+``hosted_topology`` makes unique exchange and queue names on the cluster and deletes them.
+
+Without root the tests skip, saying so; as root without ``ip`` or ``nft`` they fail (``make
+test`` installs them: ``make system-tools``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from consumer.topology import Topology, declare_topology, delete_topology
+from tests.faults.conftest import (
+    RecorderPool,
+    recorders,  # noqa: F401  (real service processes)
+)
+from tests.rigs import netns, postgres_cluster, rabbitmq_node
+from tests.rigs.hosted import Hosted, Hosts, start_pg
+from tests.rigs.rabbitmq_node import RabbitNode
+from tests.rigs.wait import poll
+
+# Every node of the rig's cluster: what docs/high-availability.md ships (pause_minority: a node
+# that loses the majority closes its clients' connections and they move), and a shorter
+# net_ticktime than the default 60 s so a partition is detected in 8-12 s instead of 45-75 s.
+NET_TICKTIME = 10
+# info: a node's partition handling (paused, recovering, restarting) is logged at info
+RABBIT_CONFIG = (
+    f"cluster_partition_handling = pause_minority\nnet_ticktime = {NET_TICKTIME}\n"
+    "log.console.level = info\n"
+)
+
+
+def _check_machine() -> None:
+    lacking = netns.missing()
+    if "root" in lacking:
+        pytest.skip("needs root: the partition rig makes network namespaces and nft rules")
+    if lacking:
+        pytest.fail(f"the partition rig needs {', '.join(lacking)}: run `make system-tools`")
+    if not rabbitmq_node.available() or not postgres_cluster.available():
+        pytest.fail("the partition rig needs the installed rabbitmq-server and PostgreSQL 15")
+
+
+_STARTED: list[Hosts] = []
+
+# The scenarios' reports, shown again in pytest's summary (make test and make soak-partitions
+# print them even when the tests pass).
+REPORTS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if REPORTS:
+        terminalreporter.section("partition runs")
+        for report in REPORTS:
+            terminalreporter.write_line(report)
+
+
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
+    _check_machine()
+    started = Hosts.start(tmp_path_factory.mktemp("netns"), RABBIT_CONFIG)
+    _STARTED.append(started)
+    print(
+        f"\nnetns rig {started.net.prefix}: cluster start {started.rabbit.timings['start']:.1f} s"
+    )
+    try:
+        yield started
+    finally:
+        _stop(started)
+
+
+def _stop(started: Hosts) -> None:
+    if started in _STARTED:
+        _STARTED.remove(started)
+        left = started.stop()
+        assert left == [], f"the partition rig left things behind: {left}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield  # the test's own fixtures first
+    items = item.session.items
+    rest = items[items.index(nextitem) :] if nextitem is not None else []
+    if not any("hosts" in getattr(i, "fixturenames", ()) for i in rest):
+        for started in list(_STARTED):
+            _stop(started)
+
+
+View = tuple[set[str], list[str]]  # the nodes one node reports running, and its partitions
+
+
+def node_view(node: RabbitNode) -> View:
+    result = node.ctl("cluster_status", "--formatter", "json", check=False, timeout=30)
+    try:
+        status = json.loads(result.stdout)
+    except ValueError:
+        return set(), [f"no answer: {result.stdout}{result.stderr}"[:200]]
+    partitions = status.get("partitions") or {}
+    return set(status.get("running_nodes") or ()), [f"{k}: {v}" for k, v in partitions.items()]
+
+
+def cluster_whole(started: Hosts, timeout: float = 120) -> None:
+    """Wait until every node reports every node running and no partition (a paused minority
+    resumes once it sees the majority again). While one node's view is not whole the others
+    are not asked: each rabbitmqctl call boots an Erlang VM, seconds on a busy machine."""
+    nodes = started.rabbit.nodes
+    expected = {n.node for n in nodes}
+    last: dict[str, View] = {}
+
+    def whole() -> bool:
+        for node in (nodes[1], nodes[2], nodes[0]):  # mq2 first: mq1 is the usual victim
+            last[node.name] = view = node_view(node)
+            if view[0] != expected or view[1]:
+                return False
+        return True
+
+    try:
+        poll(whole, timeout, "every broker node running in the cluster", interval=1)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; the nodes' last views: {last}") from None
+
+
+@pytest.fixture
+async def hosted(
+    hosts: Hosts,
+    recorders: RecorderPool,  # noqa: F811
+    tmp_path: Path,
+) -> AsyncIterator[Hosted]:
+    pg = await asyncio.to_thread(start_pg, tmp_path / "pg", hosts)
+    view = Hosted(hosts, pg, recorders)
+    try:
+        await view.open()
+        yield view
+    finally:
+        await asyncio.to_thread(hosts.net.heal)
+        await asyncio.to_thread(hosts.net.unsteer)
+        try:
+            await view.close()
+        finally:
+            await asyncio.to_thread(pg.stop)
+            await asyncio.to_thread(cluster_whole, hosts)
+
+
+@pytest.fixture
+async def hosted_topology(hosted: Hosted) -> AsyncIterator[Topology]:
+    """Unique exchange and queue names on the hosted cluster, declared; deleted afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    topo = Topology(exchange=f"brnx.{suffix}", queue=f"brnx.{suffix}.records", delivery_limit=5)
+    urls = hosted.test_amqp_urls()
+    connection = await aio_pika.connect(urls[0], timeout=30)
+    try:
+        await declare_topology(await connection.channel(), topo)
+    finally:
+        await connection.close()
+    yield topo
+    # before the queue goes: no partition, every node back, no process to declare it again
+    await asyncio.to_thread(hosted.net.heal)
+    await hosted.pool.close()
+    await asyncio.to_thread(cluster_whole, hosted.hosts)
+    connection = await aio_pika.connect(urls[0], timeout=30)
+    try:
+        left = await delete_topology(connection, topo)
+    finally:
+        await connection.close()
+    assert not left, f"test topology left on the cluster: {left}"

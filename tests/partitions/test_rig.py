@@ -1,0 +1,169 @@
+"""Self-tests of the partition rig: its partitions must behave as a cut network does.
+
+A cut drops packets silently both ways: an established connection goes quiet (no reset, no
+error, the bytes wait) and a new connect times out, while a third host reaches both; healed, the
+held connection carries its bytes on. A one-way drop loses one direction only. An isolated host
+reaches nobody but the observer. The services talk across the bridge (the broker nodes cluster by
+their host addresses, the standby streams from the primary's), and the test reaches them through
+the observer. A dead run's namespaces are swept, processes inside included, and a run leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bulk_recorder.infra import pg_hosts
+from tests.rigs import netns
+from tests.rigs.hosted import Hosted, Hosts
+from tests.rigs.netns import Host, Net
+
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]
+
+PORT = 7000
+
+
+@contextlib.contextmanager
+def echo_server(host: Host) -> Iterator[None]:
+    """A TCP echo server and a UDP sink on ``host``'s address, port 7000, for the test."""
+    server = host.executor().submit(socket.create_server, (host.address, PORT)).result()
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def echo(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(1024):
+                conn.sendall(data)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+def udp_arrives(net: Net, src: str, dst: str) -> bool:
+    """Does a datagram from ``src`` reach ``dst``?"""
+    receiver = net.host(dst).new_socket(socket.SOCK_DGRAM)
+    sender = net.host(src).new_socket(socket.SOCK_DGRAM)
+    with receiver, sender:
+        receiver.bind((net.host(dst).address, PORT + 1))
+        receiver.settimeout(0.5)
+        sender.sendto(b"ping", (net.host(dst).address, PORT + 1))
+        try:
+            return receiver.recv(16) == b"ping"
+        except TimeoutError:
+            return False
+
+
+def test_cuts_are_silent_one_way_drops_lose_one_direction_and_heal_resumes(hosts: Hosts) -> None:
+    net = hosts.net
+    server, client, other = net.host("rec1"), net.host("rec2"), net.host("relay")
+    with echo_server(server):
+        conn = client.connect(server.address, PORT)
+        conn.settimeout(1)
+        conn.sendall(b"before")
+        assert conn.recv(16) == b"before"
+
+        net.cut(["rec2"], ["rec1", "api"])
+        assert net.active() == ["rec2 | api,rec1"]
+        conn.sendall(b"during")
+        with pytest.raises(TimeoutError):  # silent: no answer, no reset
+            conn.recv(16)
+        assert not client.port_open(PORT, server.address, timeout=1)  # a new connect hangs
+        assert other.port_open(PORT, server.address)  # a third host is not cut
+        assert not udp_arrives(net, "rec1", "rec2")
+
+        net.heal()
+        assert net.active() == []
+        conn.settimeout(30)  # TCP resends on its backoff: the held bytes arrive
+        assert conn.recv(16) == b"during"
+        conn.close()
+
+        net.drop(["rec2"], ["rec1"])
+        assert not udp_arrives(net, "rec2", "rec1")
+        assert udp_arrives(net, "rec1", "rec2")
+        net.heal()
+
+        first = net.cut(["rec2"], ["rec1"])  # two overlapping partitions: one restored alone
+        second = net.cut(["relay"], ["rec1"])
+        net.restore(first)
+        assert net.active() == [second.what]
+        assert client.port_open(PORT, server.address)
+        assert not other.port_open(PORT, server.address, timeout=1)
+        net.heal()
+
+        net.isolate("rec1")
+        assert not other.port_open(PORT, server.address, timeout=1)
+        assert net.observer.port_open(PORT, server.address)  # the test still sees it
+        net.heal()
+        assert other.port_open(PORT, server.address)
+
+        net.steer(["rec2"], refuse=["rec1"], port=PORT)
+        with pytest.raises(ConnectionRefusedError):  # at once: placement, not a partition
+            client.connect(server.address, PORT, timeout=5)
+        net.unsteer()
+        assert client.port_open(PORT, server.address)
+
+
+async def test_services_reach_each_other_across_the_bridge(hosted: Hosted) -> None:
+    nodes = await asyncio.to_thread(hosted.rabbit.cluster_running_nodes)
+    addresses = {hosted.net.host(n).address for n in ("mq1", "mq2", "mq3")}
+    assert {node.rsplit("@", 1)[1] for node in nodes} == addresses
+    assert await asyncio.to_thread(hosted.pg.replication_state) == "sync"
+    conn = await pg_hosts.connect(hosted.test_dsn("postgres"))
+    try:  # through the observer: the writable server is the primary, on pg1
+        assert await conn.fetchval("SELECT host(inet_server_addr())") == (
+            hosted.net.host("pg1").address
+        )
+    finally:
+        await conn.close()
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while Path(f"/proc/{pid}").exists():
+        pid -= 1
+    return pid
+
+
+def test_a_dead_runs_namespaces_are_swept_and_a_run_leaves_nothing(tmp_path: Path) -> None:
+    lacking = netns.missing()
+    if "root" in lacking:
+        pytest.skip("needs root: the partition rig makes network namespaces and nft rules")
+    stale = f"{netns.PREFIX_ROOT}-{_dead_pid()}-abcd-x"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "600"])
+    try:
+        with Net(["a", "b"]) as net:  # start() sweeps
+            assert stale not in os.listdir(netns.NETNS_DIR)
+            assert sleeper.wait(timeout=10) == -9
+            net.cut(["a"], ["b"])
+        assert net.leftovers() == []
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        if os.path.exists(netns.NETNS_DIR / stale):
+            subprocess.run(["ip", "netns", "delete", stale], check=False)

@@ -79,5 +79,6 @@ class ApiSettings(BaseSettings):
 
     @field_validator("api_auth", mode="before")
     @classmethod
-    def _lower(cls, value: object) -> object:
+    def _api_auth_lower(cls, value: object) -> object:
+        # its own name: a validator named like the settings class's ``_lower`` is replaced by it
         return value.strip().lower() if isinstance(value, str) else value

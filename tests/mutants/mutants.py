@@ -299,7 +299,10 @@ MUTANTS: tuple[Mutant, ...] = (
         old="if self._seen.keys().isdisjoint(ids) and len(set(ids)) == len(ids):",
         new="if self._seen.keys().isdisjoint(ids):",
         promise=UPLOADS,
-        tests=("tests/unit/test_job_blocks.py",),
+        tests=(
+            "tests/unit/test_job_blocks.py::"
+            "test_an_id_repeated_inside_a_block_and_from_an_earlier_one_names_the_first_line",
+        ),
         fast=True,
     ),
     Mutant(
@@ -1530,8 +1533,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="api-stop-pool-own-bound",
         path="bulk_recorder/producer/api/app.py",
-        old="                    await asyncio.wait_for(pool.close(), deadline.left())\n",
-        new="                    await asyncio.wait_for(pool.close(), 10)\n",
+        old="            await asyncio.wait_for(pool.close(), deadline.left())\n",
+        new="            await asyncio.wait_for(pool.close(), 10)\n",
         promise=SHUTDOWN,
         tests=(
             "tests/faults/test_stop_budget.py::"

@@ -130,14 +130,20 @@ def test_a_transaction_the_document_allows_is_accepted(case: Any) -> None:
         pytest.fail(f"refused: {exc.reason}: {json.dumps(body)[:2000]}")
 
 
-def test_a_job_the_document_allows_is_accepted_line_by_line() -> None:
+@pytest.mark.parametrize("fmt", ["json", "ndjson", "csv"])
+def test_a_job_the_document_allows_is_accepted_line_by_line(fmt: str) -> None:
+    """Each of the document's job formats, drawn on its own: one strategy over all three let
+    a change elsewhere in the document leave a format undrawn in a derandomized run."""
     formats: set[str] = set()
 
     @DRAWS
-    @given(case=SCHEMA["/v1/credit-annotation-jobs"]["POST"].as_strategy())
+    @given(
+        case=SCHEMA["/v1/credit-annotation-jobs"]["POST"]
+        .as_strategy()
+        .filter(lambda case: CONTENT_TYPES[case.media_type] == fmt)
+    )
     def check(case: Any) -> None:
-        fmt = CONTENT_TYPES[case.media_type]
-        formats.add(fmt)
+        formats.add(CONTENT_TYPES[case.media_type])
         body = with_check_digits_in_body(case.body)
         raw = json.dumps(body).encode() if fmt == "json" else body.encode()
         job = intake(raw, fmt)
@@ -150,4 +156,4 @@ def test_a_job_the_document_allows_is_accepted_line_by_line() -> None:
         assert job.accepted + job.rejected > 0
 
     check()
-    assert formats == {"json", "ndjson", "csv"}
+    assert formats == {fmt}

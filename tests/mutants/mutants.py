@@ -2127,4 +2127,15 @@ MUTANTS: tuple[Mutant, ...] = (
             + "test_the_command_partitions_an_empty_ledger_once_and_refuses_one_with_rows",
         ),
     ),
+    Mutant(
+        name="a-flush-that-inserted-nothing-skips-the-standby-wait",
+        path="bulk_recorder/recorder/writer.py",
+        old="                    await conn.execute(DURABLE_BARRIER)\n",
+        new="                    pass\n",
+        promise=DB_FAILOVER,
+        tests=(
+            "tests/cluster/test_sync_commit_ambiguous.py::"
+            "test_a_write_whose_rows_are_committed_locally_waits_for_the_standby",
+        ),
+    ),
 )

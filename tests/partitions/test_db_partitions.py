@@ -16,7 +16,6 @@ partitions") holds them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -78,8 +77,11 @@ async def watch_queue(
     hosted: Hosted, queue: str, out: list[tuple[float, dict[str, int]]], stop: asyncio.Event
 ) -> None:
     while not stop.is_set():
-        with contextlib.suppress(RuntimeError, TimeoutError, ValueError, KeyError):
+        try:
             out.append((time.monotonic(), await asyncio.to_thread(queue_state, hosted, queue)))
+        except Exception as exc:  # a slow or failed rabbitmqctl: kept for the report
+            out.append((time.monotonic(), {"error": hash(repr(exc)[:100])}))
+            print(f"queue watch: {exc!r}"[:300])
         await asyncio.sleep(0.5)
 
 
@@ -190,8 +192,13 @@ async def test_the_primary_cut_from_its_sync_standby_waits_then_fails_over(
         acked_in_cut = {
             name: metrics.changes(name, ACKED, cut_at + 1.0, heal_at) for name in ("rec1", "rec2")
         }
+        # visible on pg1: committed there alone when a timeout cancelled the wait (never acked)
         rows_in_cut = watch._before(heal_at) - watch._before(cut_at + 1.0)
-        waiting = [s for t, s in queue_log if cut_at + 1.0 < t < heal_at]
+        held_in_cut = {
+            name: metrics.peak(name, "bulk_recorder_buffer_messages", cut_at + 1.0, heal_at)
+            for name in ("rec1", "rec2")
+        }
+        waiting = [s for t, s in queue_log if cut_at + 1.0 < t < heal_at and "error" not in s]
         await asyncio.to_thread(net.heal)
         await asyncio.to_thread(pg.wait_streaming)
         await run.wait_rows(run.records() + 300)
@@ -225,7 +232,9 @@ async def test_the_primary_cut_from_its_sync_standby_waits_then_fails_over(
     lines = [
         f"primary cut from its synchronous standby for {heal_at - cut_at:.1f} s (command timeout "
         f"{DB_COMMAND_TIMEOUT} s); load {load()}",
-        f"  acks during the cut (from +1 s): {acked_in_cut}; rows committed: {rows_in_cut}",
+        f"  acks during the cut (from +1 s): {acked_in_cut}; rows committed on pg1 alone (its "
+        f"wait for the standby cancelled by the recorders' timeout, visible there): {rows_in_cut}; "
+        f"deliveries held unacked by the recorders, peak: {held_in_cut}",
         "  the queue during the cut (ready/unacked): "
         + (
             f"unacked {min(s.get('unacked', 0) for s in waiting)}-"
@@ -255,9 +264,9 @@ async def test_the_primary_cut_from_its_sync_standby_waits_then_fails_over(
     report = "\n".join(lines)
     print("\n" + report)
     assert acked_in_cut == {"rec1": 0, "rec2": 0}, report
-    assert rows_in_cut == 0, report
-    assert waiting, report
-    assert all(s.get("unacked", 0) > 0 for s in waiting), report
+    # the deliveries waited unacked, held by the recorders (rabbitmqctl, seconds a call under
+    # load, may give no sample of the queue itself: reported, not asserted)
+    assert min(held_in_cut.values()) > 0, report
     assert unready == [], f"not ready at the end: {unready}"
     audit.assert_exact(dlq_surplus_allowed=True)
 
@@ -300,6 +309,7 @@ async def test_a_recorder_cut_from_the_broker_one_way(
             timeout=120,
         )
         await run.wait_rows(run.records() + 300)
+        caught_up = run.records()
         audit, unready = await run.finish(faults=1)
     except BaseException:
         await run.abort()
@@ -307,14 +317,19 @@ async def test_a_recorder_cut_from_the_broker_one_way(
     finally:
         stop_queue.set()
         await asyncio.gather(queue_task, return_exceptions=True)
-    noticed = logs.first("rec1", r"failed|closed|lost", cut_at)
+    noticed = logs.first("rec1", r"failed|closed|lost|stuck", cut_at)
     reconnected = logs.first("rec1", "connected to RabbitMQ node", cut_at)
-    before = [s for t, s in queue_log if t <= cut_at]
+    before = [s for t, s in queue_log if t <= cut_at and "consumers" in s]
     consumers_before = before[-1].get("consumers") if before else None
     dropped = next(
-        (t - cut_at for t, s in queue_log if t > cut_at and s.get("consumers", 9) < 2), None
+        (
+            t - cut_at
+            for t, s in queue_log
+            if t > cut_at and "consumers" in s and s["consumers"] < 2
+        ),
+        None,
     )
-    at, gap, _ = watch.longest_stall_span_after(cut_at)
+    at, gap, _ = watch.longest_stall_span_after(cut_at, caught_up)
     report = "\n".join(
         [
             f"recorder cut from the broker, {direction}, for {heal_at - cut_at:.1f} s "

@@ -96,6 +96,15 @@ class TableCounts:
     ignored: int = 0
 
 
+# A flush that inserted nothing found its rows already there, perhaps committed on the primary
+# alone: a COMMIT whose wait for the synchronous standby was cancelled (by our own command
+# timeout) stays committed locally. A transaction that writes nothing does not wait for the
+# standby, so without this the flush returned, and its deliveries were acked, while the standby
+# lacked the rows (a failover lost them). This statement writes WAL under a transaction id of its
+# own, so its commit waits, as any write's does, until the standby has everything before it.
+DURABLE_BARRIER = "SELECT pg_logical_emit_message(true, 'bulk-recorder', 'durable')"
+
+
 @dataclass(slots=True)
 class WriteResult:
     """Row counts of one committed flush, per table."""
@@ -139,6 +148,8 @@ class PgWriter:
                 else:
                     async with conn.transaction():
                         await self._write_all(conn, transactions, annotations, result)
+                if not any(counts.inserted for counts in result.tables.values()):
+                    await conn.execute(DURABLE_BARRIER)
         except Exception as exc:  # the Writer contract: every failure is data or an outage
             # (asyncpg's InternalClientError/ProtocolError are neither PostgresError nor
             # InterfaceError; escaping here, they left the batch unacked for good)

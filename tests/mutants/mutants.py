@@ -2220,4 +2220,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="a-flush-that-inserted-nothing-skips-the-standby-wait",
+        path="bulk_recorder/recorder/writer.py",
+        old="                    await conn.execute(DURABLE_BARRIER)\n",
+        new="                    pass\n",
+        promise=DB_FAILOVER,
+        tests=(
+            "tests/cluster/test_sync_commit_ambiguous.py::"
+            "test_a_write_whose_rows_are_committed_locally_waits_for_the_standby",
+        ),
+    ),
 )

@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 DUPLICATES = 0.05
 INVALID = 0.002
+# The demo is a bulk load: unless BULK_RECORDER_SIZE is set, its recorder flushes 500 messages
+# at a time (docs/performance.md's high-throughput setting) instead of the default workers x
+# prefetch = 50. Measured side by side: 1.3-1.4x the records a second; every check unchanged.
+DEMO_FLUSH_SIZE = 500
 
 
 @dataclass
@@ -99,7 +103,7 @@ async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int
     dlq_before = await _dlq_ready(settings.rabbitmq_url, topology)
 
     port = settings.metrics_port or free_port()
-    env = {**os.environ, "METRICS_PORT": str(port)}
+    env = {**os.environ, "METRICS_PORT": str(port), **_tuned(settings)}
     log_path = Path(tempfile.gettempdir()) / f"bulk-recorder-demo-{os.getpid()}.log"
     with log_path.open("wb") as log_file:
         recorder = await asyncio.create_subprocess_exec(
@@ -116,6 +120,20 @@ async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int
         tail = log_path.read_text(errors="replace").splitlines()[-20:]
         print("last lines of the recorder log:", *tail, sep="\n  ", file=sys.stderr)
     return code
+
+
+def _tuned(settings: Settings) -> dict[str, str]:
+    """What the demo changes in the recorder's settings, said on the console: the flush size,
+    unless the user chose one (or runs per-message mode)."""
+    if settings.bulk_recorder_size or not settings.bulk_mode_active:
+        print(f"recorder settings: yours (flush size {settings.effective_batch_size})")
+        return {}
+    print(
+        f"recorder settings: BULK_RECORDER_SIZE={DEMO_FLUSH_SIZE} for this bulk run (the default, "
+        f"0, flushes workers x prefetch = {settings.effective_batch_size} at a time; set "
+        "BULK_RECORDER_SIZE to choose)"
+    )
+    return {"BULK_RECORDER_SIZE": str(DEMO_FLUSH_SIZE)}
 
 
 async def _wait_ready(recorder: asyncio.subprocess.Process, port: int) -> bool:

@@ -219,6 +219,29 @@ async def _recorded_rows(
     return tx_ids, ann_ids, operations
 
 
+# Each of the run's accounts: its balance against its recorded operations (credits minus debits
+# of APPROVED transactions). A duplicate that moved a balance twice, or a balance left behind,
+# is a row here.
+BALANCES_OFF = """
+WITH expected AS (
+    SELECT o.account_id, o.asset_code,
+           sum(CASE o.type WHEN 'CREDIT' THEN o.amount ELSE -o.amount END) AS available
+    FROM operations o JOIN transactions t ON t.id = o.transaction_id
+    WHERE t.organization_id = $1 AND t.ledger_id = $2 AND t.status = 'APPROVED'
+    GROUP BY o.account_id, o.asset_code
+), held AS (
+    SELECT account_id, asset_code, available FROM balances WHERE account_id = ANY($3::uuid[])
+)
+SELECT count(*) FROM expected e FULL JOIN held h USING (account_id, asset_code)
+WHERE e.available IS DISTINCT FROM h.available
+"""
+
+
+async def _balances_off(conn: asyncpg.Connection, gen: Generator) -> int:
+    """How many of the run's (account, asset) balances differ from their operations."""
+    return int(await conn.fetchval(BALANCES_OFF, gen.organization_id, gen.ledger_id, gen.accounts))
+
+
 def _gave_up(recorder: asyncio.subprocess.Process, line: ProgressLine, stalled_s: float) -> bool:
     """No progress for 120 s, or the recorder exited: say so and stop watching."""
     if stalled_s > 120:
@@ -322,6 +345,7 @@ async def _summary(
     progress: Progress,
 ) -> int:
     tx_ids, ann_ids, operations = await _recorded_rows(conn, gen)
+    balances_off = await _balances_off(conn, gen)
     flushes = {
         r: _metric_labelled(metrics, "bulk_recorder_flushes_total", f'reason="{r}"')
         for r in ("size", "timeout", "shutdown")
@@ -334,6 +358,7 @@ async def _summary(
         "every valid annotation recorded once, none extra": ann_ids
         == report.ids["credit_annotation"],
         "two operations per transaction": operations == 2 * len(tx_ids),
+        "balances exact: each account's is the sum of its operations": balances_off == 0,
         "every invalid message dead-lettered": progress.dead_lettered == report.invalid,
         "recorder stopped cleanly on SIGTERM (exit 0)": exit_code == 0,
     }

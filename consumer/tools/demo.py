@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 DUPLICATES = 0.05
 INVALID = 0.002
+# The demo is a bulk load: unless BULK_RECORDER_SIZE is set, its recorder flushes 500 messages
+# at a time (docs/performance.md's high-throughput setting) instead of the default workers x
+# prefetch = 50. Measured side by side: 1.3-1.4x the records a second; every check unchanged.
+DEMO_FLUSH_SIZE = 500
 
 
 @dataclass
@@ -99,7 +103,7 @@ async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int
     dlq_before = await _dlq_ready(settings.rabbitmq_url, topology)
 
     port = settings.metrics_port or free_port()
-    env = {**os.environ, "METRICS_PORT": str(port)}
+    env = {**os.environ, "METRICS_PORT": str(port), **_tuned(settings)}
     log_path = Path(tempfile.gettempdir()) / f"bulk-recorder-demo-{os.getpid()}.log"
     with log_path.open("wb") as log_file:
         recorder = await asyncio.create_subprocess_exec(
@@ -116,6 +120,20 @@ async def run_demo(settings: Settings, *, count: int, via: str = "queue") -> int
         tail = log_path.read_text(errors="replace").splitlines()[-20:]
         print("last lines of the recorder log:", *tail, sep="\n  ", file=sys.stderr)
     return code
+
+
+def _tuned(settings: Settings) -> dict[str, str]:
+    """What the demo changes in the recorder's settings, said on the console: the flush size,
+    unless the user chose one (or runs per-message mode)."""
+    if settings.bulk_recorder_size or not settings.bulk_mode_active:
+        print(f"recorder settings: yours (flush size {settings.effective_batch_size})")
+        return {}
+    print(
+        f"recorder settings: BULK_RECORDER_SIZE={DEMO_FLUSH_SIZE} for this bulk run (the default, "
+        f"0, flushes workers x prefetch = {settings.effective_batch_size} at a time; set "
+        "BULK_RECORDER_SIZE to choose)"
+    )
+    return {"BULK_RECORDER_SIZE": str(DEMO_FLUSH_SIZE)}
 
 
 async def _wait_ready(recorder: asyncio.subprocess.Process, port: int) -> bool:
@@ -199,6 +217,29 @@ async def _recorded_rows(
         )
     )
     return tx_ids, ann_ids, operations
+
+
+# Each of the run's accounts: its balance against its recorded operations (credits minus debits
+# of APPROVED transactions). A duplicate that moved a balance twice, or a balance left behind,
+# is a row here.
+BALANCES_OFF = """
+WITH expected AS (
+    SELECT o.account_id, o.asset_code,
+           sum(CASE o.type WHEN 'CREDIT' THEN o.amount ELSE -o.amount END) AS available
+    FROM operations o JOIN transactions t ON t.id = o.transaction_id
+    WHERE t.organization_id = $1 AND t.ledger_id = $2 AND t.status = 'APPROVED'
+    GROUP BY o.account_id, o.asset_code
+), held AS (
+    SELECT account_id, asset_code, available FROM balances WHERE account_id = ANY($3::uuid[])
+)
+SELECT count(*) FROM expected e FULL JOIN held h USING (account_id, asset_code)
+WHERE e.available IS DISTINCT FROM h.available
+"""
+
+
+async def _balances_off(conn: asyncpg.Connection, gen: Generator) -> int:
+    """How many of the run's (account, asset) balances differ from their operations."""
+    return int(await conn.fetchval(BALANCES_OFF, gen.organization_id, gen.ledger_id, gen.accounts))
 
 
 def _gave_up(recorder: asyncio.subprocess.Process, line: ProgressLine, stalled_s: float) -> bool:
@@ -304,6 +345,7 @@ async def _summary(
     progress: Progress,
 ) -> int:
     tx_ids, ann_ids, operations = await _recorded_rows(conn, gen)
+    balances_off = await _balances_off(conn, gen)
     flushes = {
         r: _metric_labelled(metrics, "bulk_recorder_flushes_total", f'reason="{r}"')
         for r in ("size", "timeout", "shutdown")
@@ -316,6 +358,7 @@ async def _summary(
         "every valid annotation recorded once, none extra": ann_ids
         == report.ids["credit_annotation"],
         "two operations per transaction": operations == 2 * len(tx_ids),
+        "balances exact: each account's is the sum of its operations": balances_off == 0,
         "every invalid message dead-lettered": progress.dead_lettered == report.invalid,
         "recorder stopped cleanly on SIGTERM (exit 0)": exit_code == 0,
     }

@@ -36,6 +36,8 @@ async def test_demo_passes_its_checks(make_settings, broker, via: str) -> None:
     assert proc.returncode == 0, text
     assert "FAIL" not in text
     assert text.count("check            OK") >= 4, text
+    if via == "queue":  # what the demo tunes in its recorder, it says
+        assert "recorder settings: " in text, text
     if via == "api":  # the demo makes a key of its own; without it an upload is refused
         assert "check            OK   an upload without an API key is refused (401)" in text
         assert "brk_" not in text.replace("(brk_", ""), text  # only the key's prefix is shown

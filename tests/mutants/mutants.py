@@ -172,6 +172,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(  # the same bug, caught by the newcomer's command: the demo sends 5% duplicates
+        name="balances-for-old-ids-in-the-demo",
+        path="bulk_recorder/recorder/statements.py",
+        old="delta, n)\nJOIN new_transactions AS fresh ON fresh.id = u.transaction_id::uuid\n",
+        new="delta, n)\n",
+        promise=EXACTLY_ONCE,
+        tests=("tests/integration/test_demo.py::test_demo_passes_its_checks",),
+    ),
     Mutant(
         name="unsorted-balance-keys",
         path="bulk_recorder/recorder/statements.py",

@@ -130,6 +130,10 @@ def test_installs_go_through_the_locks_with_hashes() -> None:
     makefile = (REPO / "Makefile").read_text()
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "--require-hashes -r requirements-dev.lock" in makefile
+    assert "--require-hashes -r requirements.lock" in makefile
+    # the installer itself comes pinned, with its hashes checked by pip
+    assert "--require-hashes -r requirements-uv.lock" in makefile
+    assert list(_locked("requirements-uv.lock")) == ["uv"]
     assert "--no-deps -e ." in makefile
     assert "--require-hashes -r requirements.lock" in dockerfile
     assert "pip install --no-deps ." in dockerfile

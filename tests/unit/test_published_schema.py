@@ -136,12 +136,13 @@ def test_a_job_the_document_allows_is_accepted_line_by_line(fmt: str) -> None:
     a change elsewhere in the document leave a format undrawn in a derandomized run."""
     formats: set[str] = set()
 
+    def drawn_in_format(case: Any) -> bool:
+        return bool(CONTENT_TYPES[case.media_type] == fmt)
+
+    strategy: Any = SCHEMA["/v1/credit-annotation-jobs"]["POST"].as_strategy()
+
     @DRAWS
-    @given(
-        case=SCHEMA["/v1/credit-annotation-jobs"]["POST"]
-        .as_strategy()
-        .filter(lambda case: CONTENT_TYPES[case.media_type] == fmt)
-    )
+    @given(case=strategy.filter(drawn_in_format))
     def check(case: Any) -> None:
         formats.add(CONTENT_TYPES[case.media_type])
         body = with_check_digits_in_body(case.body)

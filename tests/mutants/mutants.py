@@ -307,10 +307,7 @@ MUTANTS: tuple[Mutant, ...] = (
         old="if self._seen.keys().isdisjoint(ids) and len(set(ids)) == len(ids):",
         new="if self._seen.keys().isdisjoint(ids):",
         promise=UPLOADS,
-        tests=(
-            "tests/unit/test_job_blocks.py::"
-            "test_an_id_repeated_inside_a_block_and_from_an_earlier_one_names_the_first_line",
-        ),
+        tests=("tests/unit/test_job_blocks.py::test_blocks_give_the_same_job_as_the_loop",),
         fast=True,
     ),
     Mutant(

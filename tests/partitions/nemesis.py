@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tests.rigs.hosted import BROKERS, HOSTS, SERVICES, Hosted
+from tests.rigs.hosted import BROKERS, DATABASES, HOSTS, SERVICES, Hosted
 
 Sides = tuple[tuple[str, ...], tuple[str, ...]]
 CLIENTS = ("rec1", "rec2", "relay")  # the services that hold broker connections
@@ -75,6 +75,16 @@ def _client_one_way(rng: random.Random) -> Sides:
     return ((client,), (node,)) if rng.random() < 0.5 else ((node,), (client,))
 
 
+def _primary_standby(rng: random.Random) -> Sides:
+    return (DATABASES[0],), (DATABASES[1],)
+
+
+def _service_database_one_way(rng: random.Random) -> Sides:
+    service = rng.choice(SERVICES)
+    primary = DATABASES[0]
+    return ((service,), (primary,)) if rng.random() < 0.5 else ((primary,), (service,))
+
+
 def _halves(rng: random.Random) -> Sides:
     hosts = list(HOSTS)
     rng.shuffle(hosts)
@@ -94,7 +104,21 @@ KINDS: dict[str, Kind] = {
     "client_broker_one_way": Kind(_client_one_way, mode="drop"),
     # every host on one of two random sides
     "halves": Kind(_halves),
+    # the PostgreSQL primary cut from its synchronous standby: commits wait, nothing is acked
+    "primary_standby": Kind(_primary_standby),
+    # one direction between a service (a recorder, the relay, the API) and the primary lost
+    "service_database_one_way": Kind(_service_database_one_way, mode="drop"),
 }
+
+# The short run of make test draws from the network kinds it was first measured with; the
+# long run (make soak-partitions) from every kind, the database's included.
+SHORT_KINDS = (
+    "broker_minority",
+    "broker_isolated",
+    "service_isolated",
+    "client_broker_one_way",
+    "halves",
+)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import pytest
 from consumer.topology import Topology
 from tests.partitions.conftest import REPORTS, cluster_whole
 from tests.partitions.harness import Run
-from tests.partitions.nemesis import KINDS, Nemesis, Plan, draw
+from tests.partitions.nemesis import KINDS, SHORT_KINDS, Nemesis, Plan, draw
 from tests.rigs.hosted import Hosted
 
 LONG = os.environ.get("SOAK_PARTITIONS", "") not in ("", "0")
@@ -59,7 +59,7 @@ def reproduce(seed: int) -> str:
 
 @pytest.mark.parametrize("seed", _seeds(), ids=lambda s: f"seed={s}")
 async def test_partitions_all_at_once(seed: int, hosted: Hosted, hosted_topology: Topology) -> None:
-    schedule = draw(seed, PLAN)
+    schedule = draw(seed, PLAN, None if LONG else SHORT_KINDS)
     print(f"\npartitions run, seed {seed} (reproduce: {reproduce(seed)})")
     print(f"schedule ({len(schedule)} faults over {PLAN.seconds:.0f} s of traffic):")
     print("\n".join("  " + f.line() for f in schedule))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.partitions.nemesis import KINDS, Plan, draw
-from tests.rigs.hosted import BROKERS, HOSTS
+from tests.partitions.nemesis import KINDS, SHORT_KINDS, Plan, draw
+from tests.rigs.hosted import BROKERS, HOSTS, SERVICES
 
 
 def test_the_same_seed_draws_the_same_schedule_and_another_seed_another() -> None:
@@ -36,3 +36,24 @@ def test_a_broker_minority_cuts_one_node_from_the_two_others() -> None:
             if fault.kind == "broker_minority":
                 assert len(fault.a) == 1
                 assert set(fault.a) | set(fault.b) == set(BROKERS)
+
+
+def test_the_database_kinds_cut_the_primary_from_its_standby_or_one_way_from_a_service() -> None:
+    seen = set()
+    for seed in range(20):
+        for fault in draw(seed, Plan(120.0, len(KINDS))):
+            if fault.kind == "primary_standby":
+                assert (fault.a, fault.b) == (("pg1",), ("pg2",))
+            if fault.kind == "service_database_one_way":
+                ends = {fault.a, fault.b}
+                assert ("pg1",) in ends
+                (service,) = next(iter(ends - {("pg1",)}))
+                assert service in SERVICES
+                seen.add(fault.a == ("pg1",))
+    assert seen == {True, False}, "both directions are drawn"
+
+
+def test_the_short_run_draws_the_network_kinds_only() -> None:
+    for seed in range(20):
+        assert {f.kind for f in draw(seed, Plan(30.0, 3), SHORT_KINDS)} <= set(SHORT_KINDS)
+    assert set(SHORT_KINDS) < set(KINDS)

@@ -186,11 +186,15 @@ def sweep_stale() -> list[str]:
     return stale
 
 
-def root_state() -> str:
-    """The root namespace's links and nft ruleset as text (compared before and after a run)."""
-    links = _run(["ip", "-o", "link", "show"], "ip link show")
+def root_state(ns: str | None = None) -> str:
+    """The root namespace's links and nft ruleset as text (compared before and after a run);
+    ``ns``: another namespace's, for the rig's own tests."""
+    inside = ["ip", "netns", "exec", ns] if ns else []
+    links = _run([*inside, "ip", "-o", "link", "show"], "ip link show")
     names = sorted(line.split(":", 2)[1].strip() for line in links.splitlines())
-    ruleset = _run(["nft", "list", "ruleset"], "nft list ruleset")
+    # stateless (-s): the rules without their counters, which other programs' rules (podman's
+    # NAT rules) move with the run's own loopback traffic
+    ruleset = _run([*inside, "nft", "-s", "list", "ruleset"], "nft -s list ruleset")
     return "links: " + " ".join(names) + "\nnft:\n" + ruleset
 
 

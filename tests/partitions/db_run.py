@@ -10,7 +10,8 @@ Then:
   chunks, each published until confirmed, through the forwarders of every broker node;
 - ``run.watch`` (:class:`~tests.cluster.failover_support.CommitWatch`): committed rows every
   50 ms through the observer (it follows the writable server);
-- ``run.logs`` (:class:`Logs`): when each recorder logged each line (0.1 s resolution);
+- ``run.logs`` (:class:`~tests.partitions.harness.LogWatch`): when each recorder logged each
+  line (0.1 s resolution);
 - ``run.metrics`` (:class:`MetricsWatch`): each recorder's /metrics every 0.25 s (what an
   operator's Prometheus would scrape), for the figures of the report;
 - ``await run.finish()``: traffic stopped, everything recorded, every recorder ready, then
@@ -37,6 +38,7 @@ from tests.conftest import Broker, unique_name, wait_for
 from tests.faults.audit import Audit, audit_run, wait_until_settled
 from tests.faults.conftest import RecorderProcess
 from tests.integration.producer_support import provision_key
+from tests.partitions.harness import LogWatch
 from tests.rigs.hosted import Hosted, service_settings
 
 HEARTBEAT = 2  # ?heartbeat= on the recorders' broker URLs
@@ -53,59 +55,6 @@ WATCHED = (
     "bulk_recorder_oldest_held_seconds",
 )
 _SAMPLE = re.compile(r"^([a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+|NaN)$")
-
-
-@dataclass
-class Logs:
-    """Each recorder's new log lines with the moment they were seen (polled every 0.1 s)."""
-
-    procs: dict[str, RecorderProcess]
-    lines: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
-    _seen: dict[str, int] = field(default_factory=dict)
-    _task: asyncio.Task[None] | None = None
-
-    def start(self) -> Logs:
-        for name, proc in self.procs.items():
-            self._seen[name] = len(proc.log_text())
-            self.lines[name] = []
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def _run(self) -> None:
-        while True:
-            self.poll()
-            await asyncio.sleep(0.1)
-
-    def poll(self) -> None:
-        now = time.monotonic()
-        for name, proc in self.procs.items():
-            text = proc.log_text()
-            new, self._seen[name] = text[self._seen[name] :], len(text)
-            self.lines[name] += [(now, line) for line in new.splitlines() if line.strip()]
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self.poll()
-
-    def first(self, name: str, pattern: str, after: float) -> float | None:
-        """Seconds from ``after`` to the first line of ``name`` matching ``pattern``."""
-        for t, line in self.lines[name]:
-            if t >= after and re.search(pattern, line):
-                return t - after
-        return None
-
-    def noticed(self, name: str, moment: float, until: float) -> list[str]:
-        """The warnings ``name`` logged between ``moment`` and ``until``, de-duplicated, with
-        the seconds after ``moment`` of the first of each."""
-        seen: dict[str, float] = {}
-        for t, line in self.lines[name]:
-            if moment <= t <= until and (" WARNING " in line or " ERROR " in line):
-                seen.setdefault(line.split(": ", 1)[-1][:150], t - moment)
-        return [f"+{at:.1f} s {text}" for text, at in seen.items()]
 
 
 @dataclass
@@ -176,7 +125,7 @@ class DbRun:
     database: str
     procs: dict[str, RecorderProcess] = field(default_factory=dict)
     watch: CommitWatch | None = None
-    logs: Logs | None = None
+    logs: LogWatch | None = None
     metrics: MetricsWatch | None = None
     queue: QueueTraffic | None = None
     seed: int = 3107
@@ -208,7 +157,7 @@ class DbRun:
         )
         await wait_for(self.hosted.all_ready, timeout=120, interval=0.3)
         self.watch = await CommitWatch(self.hosted.test_dsn(self.database)).start()
-        self.logs = Logs(self.procs).start()
+        self.logs = LogWatch(self.procs).start()
         urls = {name: await self.hosted.base_url(name) for name in RECORDERS}
         self.metrics = MetricsWatch(urls).start()
 
@@ -228,7 +177,7 @@ class DbRun:
         assert watch is not None
         await wait_for(lambda: watch.latest() >= rows, timeout=timeout, interval=0.1)
 
-    def watches(self) -> tuple[CommitWatch, Logs, MetricsWatch]:
+    def watches(self) -> tuple[CommitWatch, LogWatch, MetricsWatch]:
         """The commit, log and metrics watches (started by :meth:`start_recorders`)."""
         assert self.watch is not None
         assert self.logs is not None

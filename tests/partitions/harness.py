@@ -100,6 +100,13 @@ class LogWatch:
     def after(self, name: str, moment: float) -> list[tuple[float, str]]:
         return [(t, line) for t, line in self.lines[name] if t >= moment]
 
+    def first(self, name: str, pattern: str, after: float) -> float | None:
+        """Seconds from ``after`` to the first line of ``name`` matching ``pattern``."""
+        for t, line in self.after(name, after):
+            if re.search(pattern, line):
+                return t - after
+        return None
+
     def connected_after(self, name: str, moment: float) -> tuple[float, str] | None:
         """(when, node address) of the first connect ``name`` logged after ``moment``."""
         for t, line in self.after(name, moment):

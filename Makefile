@@ -14,8 +14,11 @@ install: $(STAMP)
 # then the project itself (no deps). The demos need nothing more. pip installs uv (pinned with
 # hashes in requirements-uv.lock), uv the lock (hashes required): on a fresh clone pip spent
 # ~25 s of a ~45 s install reading index pages, uv takes ~2 s for the same wheels
-# (benchmarks/bench_demo.py measures both).
-$(RUNTIME): pyproject.toml requirements.lock requirements-uv.lock
+# (benchmarks/bench_demo.py measures both). The project's install compiles the record rules
+# (setup.py's COMPILED, with mypyc; BULK_RECORDER_COMPILE=0 skips it): an edit to one of them
+# builds them again here, since the compiled module, not the edited source, is what Python imports.
+COMPILED := setup.py $(shell sed -n 's/^    "\(bulk_recorder\/.*\.py\)",$$/\1/p' setup.py)
+$(RUNTIME): pyproject.toml requirements.lock requirements-uv.lock $(COMPILED)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --require-hashes -r requirements-uv.lock
 	$(UV) pip install --quiet --python $(BIN)/python --require-hashes -r requirements.lock

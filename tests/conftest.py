@@ -27,6 +27,7 @@ from bulk_recorder.infra.metrics import Metrics
 from consumer.app import Recorder
 from consumer.topology import Topology, declare_topology, delete_topology
 from settings import Settings, load_settings
+from tests.compiled import stale_builds
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -94,6 +95,17 @@ def unique_name(prefix: str) -> str:
 # partitions from yesterday to two days ahead). Tests marked `ledger_layouts` run on both;
 # TEST_LEDGER_LAYOUT=partitioned runs every test on partitioned tables.
 LEDGER_LAYOUTS = ("plain", "partitioned")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to test a compiled module older than its source (tests/compiled.py)."""
+    stale = stale_builds()
+    if stale:
+        pytest.exit(
+            f"the compiled build of {', '.join(stale)} is older than its source, and Python "
+            "would import the build: run `make install` to compile it again",
+            returncode=4,
+        )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -147,9 +147,9 @@ def text_chars(*excluded: str) -> str:
     return f"[^{NUL}{''.join(excluded)}]"
 
 
-TEXT: Final = anchored(f"{text_chars()}*")  # any text PostgreSQL can store
+TEXT: Final[str] = anchored(f"{text_chars()}*")  # any text PostgreSQL can store
 # Not blank: at least one character str.isspace() is false for, and no NUL.
-NOT_BLANK_TEXT: Final = anchored(f"{text_chars()}*{text_chars(BLANK_CHARS)}{text_chars()}*")
+NOT_BLANK_TEXT: Final[str] = anchored(f"{text_chars()}*{text_chars(BLANK_CHARS)}{text_chars()}*")
 
 
 def amount_schema(*, positive: bool) -> dict[str, Any]:

@@ -137,3 +137,17 @@ def test_installs_go_through_the_locks_with_hashes() -> None:
     assert "--no-deps -e ." in makefile
     assert "--require-hashes -r requirements.lock" in dockerfile
     assert "pip install --no-deps ." in dockerfile
+
+
+def test_the_build_compiles_with_the_locked_versions() -> None:
+    """setup.py compiles the record rules with mypyc, which type-checks them against msgspec:
+    the build pins both to the versions the locks install, so the compiled modules are built by
+    the mypy `make lint` runs, against the msgspec the service imports."""
+    build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    pins = {_canonical(r.name): r for r in map(Requirement, build)}
+    locked = {"mypy": _locked("requirements-dev.lock"), "msgspec": _locked("requirements.lock")}
+    for name, lock in locked.items():
+        assert name in pins, f"{name} is not a build requirement"
+        assert str(pins[name].specifier) == f"=={lock[name]}", (
+            f"the build pins {pins[name]}, the lock {name}=={lock[name]}"
+        )

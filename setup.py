@@ -1,0 +1,71 @@
+"""Build hook: the record decoder's rules compiled with mypyc (the rest is in pyproject.toml).
+
+The modules in ``COMPILED`` are the per-message rules that run after msgspec's pass
+(``decode`` and its builders, the amount, date, document and metadata rules, the exact sums).
+mypyc turns the same typed source into C extensions: no second implementation, the same tests
+(docs/performance.md, "Compiled rules"). Interpreted, they cost 1.45x a bare ``json.loads`` of
+the body; compiled, benchmarks/RESULTS.md section 20 has the figures.
+
+The compiled modules sit beside their sources (an editable install builds them in place) and
+Python imports an extension before a ``.py`` of the same name: after editing one of these
+sources, ``make install`` (which ``make test`` runs) builds it again, and the test session
+refuses to start on a stale build (tests/conftest.py).
+
+``BULK_RECORDER_COMPILE=0`` installs them interpreted. A build that cannot compile (no C
+compiler, no Python headers) warns and installs them interpreted too: the service behaves the
+same, only slower, and tests/unit/test_compiled.py fails on such an install unless the variable
+says it was meant.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+COMPILED = [
+    "bulk_recorder/records/validation.py",
+    "bulk_recorder/records/rules.py",
+    "bulk_recorder/records/documents.py",
+    "bulk_recorder/records/exact.py",
+]
+
+
+def _warn(message: str) -> None:
+    print(f"bulk-recorder: {message}; the record rules stay interpreted (slower)", file=sys.stderr)
+
+
+class _OptionalBuildExt(build_ext):
+    """Compile if this machine can; otherwise warn and install the interpreted modules."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler, no headers: the sources still work
+            _warn(f"could not compile ({exc})")
+
+    def build_extension(self, ext: Any) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            _warn(f"could not compile {ext.name} ({exc})")
+
+
+def _ext_modules() -> list[Any]:
+    if os.environ.get("BULK_RECORDER_COMPILE", "1") == "0":
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        _warn("mypyc is not installed")
+        return []
+    # Not the project's [tool.mypy] (its plugin is not in the build environment): these modules
+    # need only their own types and msgspec's, a build requirement.
+    options = ["--config-file", "", "--ignore-missing-imports"]
+    return list(mypycify([*options, *COMPILED], opt_level="3"))
+
+
+setup(ext_modules=_ext_modules(), cmdclass={"build_ext": _OptionalBuildExt})

@@ -1868,8 +1868,8 @@ MUTANTS: tuple[Mutant, ...] = (
         # The second DV weighs the first DV by 2: by 1, some valid CPFs are refused and some
         # wrong ones accepted.
         path="bulk_recorder/records/documents.py",
-        old="    return dv1, _check_digit(total + plain + 2 * dv1)\n",
-        new="    return dv1, _check_digit(total + plain + dv1)\n",
+        old="_CPF_W2: Final[tuple[int, ...]] = (11, 10, 9, 8, 7, 6, 5, 4, 3, 2)\n",
+        new="_CPF_W2: Final[tuple[int, ...]] = (11, 10, 9, 8, 7, 6, 5, 4, 3, 1)\n",
         promise=BAD_DATA,
         tests=(
             "tests/unit/test_documents.py::"
@@ -2235,5 +2235,25 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/cluster/test_sync_commit_ambiguous.py::"
             "test_a_write_whose_rows_are_committed_locally_waits_for_the_standby",
         ),
+    ),
+    # issue 30: the record rules compiled (setup.py), rewritten for it
+    Mutant(
+        name="amount-with-a-point-and-no-fraction",
+        path="bulk_recorder/records/rules.py",
+        old="        and 0 < size - point - 1 <= MAX_AMOUNT_FRACTION_DIGITS\n",
+        new="        and 0 <= size - point - 1 <= MAX_AMOUNT_FRACTION_DIGITS\n",
+        promise=BAD_DATA,
+        tests=("tests/unit/test_amount_shape.py::test_exact_decimal_is_the_published_pattern",),
+        fast=True,
+    ),
+    Mutant(
+        name="a-second-debit-leg-replaces-the-first",
+        # One leg a side is summed without an addition; a second leg must still be added.
+        path="bulk_recorder/records/validation.py",
+        old="            debits = op_amount if debits is None else _add(debits, op_amount)\n",
+        new="            debits = op_amount\n",
+        promise=BAD_DATA,
+        tests=("tests/unit/test_records.py::test_sums_are_exact_decimals",),
+        fast=True,
     ),
 )

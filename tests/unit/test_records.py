@@ -22,6 +22,7 @@ from bulk_recorder.records import (
     decode,
 )
 from bulk_recorder.records import validation as records
+from bulk_recorder.records.schema import STRICT_DECODERS
 
 TX_ID = "0193a3c4-5b6e-7f80-9a1b-2c3d4e5f6a7b"
 ORG_ID = "0193a3c4-0000-7000-8000-000000000001"
@@ -946,10 +947,11 @@ def test_record_error_reason_is_short_and_ascii() -> None:
 
 
 def test_unexpected_exception_becomes_record_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(*args: Any) -> Transaction:
-        raise KeyError("bug")
+    class Broken:  # a bug inside decode: the strict pass's decoder raising what it never does
+        def decode(self, body: bytes) -> Transaction:
+            raise KeyError("bug")
 
-    monkeypatch.setitem(records._BUILDERS, "transaction", broken)
+    monkeypatch.setitem(STRICT_DECODERS, "transaction", Broken())
     assert tx_reason() == "internal error while decoding: KeyError"
 
 

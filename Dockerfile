@@ -8,6 +8,11 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# A C compiler, in this stage only: the install compiles the record rules (setup.py, mypyc; the
+# base image has Python's headers). The runtime stage gets the built venv and no compiler.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
@@ -15,7 +20,7 @@ WORKDIR /src
 # then the project itself without resolving anything again.
 COPY requirements.lock ./
 RUN pip install --require-hashes -r requirements.lock
-COPY pyproject.toml README.md settings.py ./
+COPY pyproject.toml setup.py README.md settings.py ./
 COPY bulk_recorder ./bulk_recorder
 COPY consumer ./consumer
 RUN pip install --no-deps . && python -m compileall -q /opt/venv

@@ -22,6 +22,7 @@ import yaml
 import bulk_recorder
 from consumer.tools.generator import Generator
 from settings import Settings
+from tests.compiled import compiled_sources, module_name
 from tests.conftest import REPO, SettingsFactory, wait_for
 from tests.image import podman
 from tests.image.conftest import Start, container_env
@@ -291,3 +292,16 @@ def test_the_image_is_labelled_with_the_projects_version(image: str) -> None:
     labels = config.get("Labels") or config.get("Config", {}).get("Labels") or {}
     assert labels.get("org.opencontainers.image.version") == bulk_recorder.__version__, labels
     assert labels.get("org.opencontainers.image.title") == "bulk-recorder", labels
+
+
+def test_the_record_rules_run_compiled_in_the_image(image: str) -> None:
+    """The build stage compiles setup.py's modules; a build that could not (no compiler) would
+    only warn and ship them interpreted, the image working but slower than measured."""
+    modules = [module_name(source) for source in compiled_sources()]
+    script = f"import importlib; print(*(importlib.import_module(m).__file__ for m in {modules!r}))"
+    done = podman.podman(
+        "run", "--rm", "--network=none", "--entrypoint=python", image, "-c", script
+    )
+    files = done.stdout.split()
+    assert len(files) == len(modules), done.stdout
+    assert all(f.endswith(".so") for f in files), files

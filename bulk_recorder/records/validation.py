@@ -80,9 +80,10 @@ def _transaction(wire: TransactionIn) -> Transaction:
     for op in ops:
         ids.append(op.id)
         ids.append(op.account_id)
-    joined = "".join(ids).lower()
-    if not rules.uuids(joined):
+    lowered = rules.lowered_uuids("".join(ids))
+    if lowered is None:
         raise _Explain
+    joined: str = lowered
     tx_id = joined[:36]
     description = wire.description
     if description is not None and "\x00" in description:
@@ -95,9 +96,8 @@ def _transaction(wire: TransactionIn) -> Transaction:
 
     operations: list[Operation] = []
     seen_ids = {tx_id}
-    # A side's sum, None until its first leg: the first leg's amount is taken as it is (ZERO +
-    # an amount is that amount digit for digit, an amount's exponent being never above 0), so
-    # a leg per side, the usual transaction, costs no exact addition.
+    # A side's sum, None until its first leg, whose amount is taken as it is (ZERO + x is x,
+    # digit for digit): a leg per side, the usual transaction, costs no exact addition.
     debits: Decimal | None = None
     credits: Decimal | None = None
     at = 108  # where the operations' ids start in `joined`, 72 characters each
@@ -148,10 +148,10 @@ def _balanced(debits: Decimal | None, credits: Decimal | None, amount: Decimal) 
 def _credit_annotation(wire: CreditAnnotationIn) -> CreditAnnotation:
     """The rules no schema states, in field order (the schema's all passed)."""
     job_id = wire.job_id
-    ids = wire.id if job_id is None else wire.id + job_id
-    if not rules.uuids(ids):
+    lowered = rules.lowered_uuids(wire.id if job_id is None else wire.id + job_id)
+    if lowered is None:
         raise _Explain
-    ids = ids.lower()
+    ids: str = lowered
     document, document_type = rules.document(wire.document)
     if "\x00" in wire.creditor:
         rules.storable_text(wire.creditor, "creditor")

@@ -691,12 +691,12 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="uuid-hyphens-anywhere",
-        # msgspec checks only a UUID's length; rules.uuids its shape. Compared as counts of
+        # msgspec checks only a UUID's length; rules.lowered_uuids its shape. Compared as counts of
         # each class, not position by position, a moved hyphen passes (and so would 32 hex
         # digits plus 4 hyphens in any order).
         path="bulk_recorder/records/rules.py",
-        old="    return joined.encode().translate(_UUID_CLASSES) == shape\n",
-        new="    return sorted(joined.encode().translate(_UUID_CLASSES)) == sorted(shape)\n",
+        old="    if joined.encode().translate(_UUID_CLASSES) == shape:\n",
+        new="    if sorted(joined.encode().translate(_UUID_CLASSES)) == sorted(shape):\n",
         promise=BAD_DATA,
         tests=("tests/unit/test_records.py::test_invalid_uuid",),
         fast=True,

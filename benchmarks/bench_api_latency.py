@@ -49,7 +49,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 import httpx
@@ -205,6 +205,10 @@ async def run(args: argparse.Namespace, body: bytes, variant: str) -> dict[str, 
         # The lever for the API's p99 on shared cores: the relay and the recorder at a lower
         # CPU priority (nice execs the role, so the pid read for CPU is the role's own).
         nice = ["nice", "-n", str(args.nice_background)] if args.nice_background else []
+        # The other lever: a CPU limit on them (a CFS quota, as Kubernetes' limits.cpu sets).
+        limit = CpuLimit(args.background_cpus) if args.background_cpus else None
+        if limit is not None:
+            nice = [*limit.prefix(), *nice]
         services = [
             Service(
                 "api",
@@ -244,6 +248,8 @@ async def run(args: argparse.Namespace, body: bytes, variant: str) -> dict[str, 
             for service in services:
                 code = await service.stop()
                 results[f"exit_{service.name}"] = code
+            if limit is not None:
+                results["background_cpu_throttled_s"] = limit.close()
         results["accept_split"] = accept_split(logs / "api.log", args.count)
         conn = await asyncpg.connect(dsn)
         try:
@@ -256,6 +262,31 @@ async def run(args: argparse.Namespace, body: bytes, variant: str) -> dict[str, 
         finally:
             await conn.close()
     return results
+
+
+class CpuLimit:
+    """A cgroup (v1 cpu controller; root) whose processes share ``cores`` of CPU time a 100 ms
+    period: what a container's CPU limit is. The roles join it as they start (a shell writes
+    its pid into the group, then execs the role, so the pid stays the role's own)."""
+
+    ROOT: Final = Path("/sys/fs/cgroup/cpu")
+
+    def __init__(self, cores: float) -> None:
+        if not (self.ROOT / "cpu.cfs_quota_us").exists():
+            raise SystemExit(f"--background-cpus needs the cgroup v1 cpu controller at {self.ROOT}")
+        self.group = self.ROOT / f"bulk-recorder-bench-{os.getpid()}"
+        self.group.mkdir(exist_ok=True)
+        period = int((self.group / "cpu.cfs_period_us").read_text())
+        (self.group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+
+    def prefix(self) -> list[str]:
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.group)]
+
+    def close(self) -> float:
+        """Remove the group (its processes have exited); the seconds its quota held them back."""
+        stat = dict(line.split() for line in (self.group / "cpu.stat").read_text().splitlines())
+        self.group.rmdir()
+        return int(stat.get("throttled_time", 0)) / 1e9
 
 
 def accept_split(log: Path, count: int) -> dict[str, float]:
@@ -523,6 +554,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="run the relay and the recorder under nice -n N (0: as the API)",
+    )
+    parser.add_argument(
+        "--background-cpus",
+        type=float,
+        default=0.0,
+        help="a CPU limit shared by the relay and the recorder, in cores (a cgroup CFS quota; "
+        "root and cgroup v1's cpu controller; 0: none)",
     )
     parser.add_argument(
         "--job-workers",

@@ -120,9 +120,10 @@ soak-cluster: $(STAMP)
 	SOAK_CLUSTER=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/cluster/test_all_faults.py
 
 # Partitions for real (tests/partitions, root: hosts in network namespaces, nft drops), long:
-# the broker-minority scenario under pause_minority and autoheal, and the nemesis run for
-# SOAK_SECONDS (180) with four faults a minute, for SOAK_PARTITION_RUNS (2) random seeds or
-# SEED=N (or SEED=N,M). `make test` runs the short ones.
+# the broker-minority scenario under pause_minority and autoheal, the recorder cut from the
+# database and from the brokers each way (30-40 s cuts), and the nemesis run for SOAK_SECONDS
+# (180) with four faults a minute, for SOAK_PARTITION_RUNS (2) random seeds or SEED=N (or
+# SEED=N,M). `make test` runs the short ones (pause_minority, one way of each recorder cut).
 soak-partitions: $(STAMP) system-tools
 	SOAK_PARTITIONS=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/partitions
 

@@ -108,9 +108,12 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks.run_all
 
+# The fault suite and the DLQ arrivals with about ten times the records and faults, the decoder's
+# differential test on more drawn bodies, and the growth benchmark's quick run (not in make test:
+# it proves the benchmark still runs, no promise of the service).
 soak: $(STAMP)
 	SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/faults tests/integration/test_dlq_arrivals.py \
-	  tests/unit/test_decode_differential.py
+	  tests/unit/test_decode_differential.py tests/integration/test_bench_growth.py
 
 # Every fault in one run, long (tests/cluster/test_all_faults.py; `make test` runs a short one):
 # SOAK_SECONDS (240) of traffic for each of SOAK_CLUSTER_RUNS (3) random seeds, or SEED=N

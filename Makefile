@@ -111,9 +111,12 @@ bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks.run_all
 
+# The fault suite and the DLQ arrivals with about ten times the records and faults, the decoder's
+# differential test on more drawn bodies, and the growth benchmark's quick run (not in make test:
+# it proves the benchmark still runs, no promise of the service).
 soak: $(STAMP)
 	SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/faults tests/integration/test_dlq_arrivals.py \
-	  tests/unit/test_decode_differential.py
+	  tests/unit/test_decode_differential.py tests/integration/test_bench_growth.py
 
 # Every fault in one run, long (tests/cluster/test_all_faults.py; `make test` runs a short one):
 # SOAK_SECONDS (240) of traffic for each of SOAK_CLUSTER_RUNS (3) random seeds, or SEED=N
@@ -123,9 +126,10 @@ soak-cluster: $(STAMP)
 	SOAK_CLUSTER=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/cluster/test_all_faults.py
 
 # Partitions for real (tests/partitions, root: hosts in network namespaces, nft drops), long:
-# the broker-minority scenario under pause_minority and autoheal, and the nemesis run for
-# SOAK_SECONDS (180) with four faults a minute, for SOAK_PARTITION_RUNS (2) random seeds or
-# SEED=N (or SEED=N,M). `make test` runs the short ones.
+# the broker-minority scenario under pause_minority and autoheal, the recorder cut from the
+# database and from the brokers each way (30-40 s cuts), and the nemesis run for SOAK_SECONDS
+# (180) with four faults a minute, for SOAK_PARTITION_RUNS (2) random seeds or SEED=N (or
+# SEED=N,M). `make test` runs the short ones (pause_minority, one way of each recorder cut).
 soak-partitions: $(STAMP) system-tools
 	SOAK_PARTITIONS=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/partitions
 

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from settings import Settings
-from tests.conftest import Services
+from tests.conftest import Services, wait_for
 from tests.faults.amqp_tap import AmqpTap, ConfirmHold
 from tests.faults.proxy import TcpProxy
 
@@ -172,9 +172,18 @@ class RecorderProcess:
         self.kills += 1
 
     async def terminate(self, timeout: float = 60) -> int:
-        """SIGTERM and wait for the orderly shutdown; returns the exit code."""
+        """SIGTERM and wait for the orderly shutdown; returns the exit code. A process started
+        moments ago may still be importing, with no handler for SIGTERM yet: the signal would
+        kill it (-15) without its orderly stop ever being tried, so it is sent once the process
+        catches it."""
         assert self.proc is not None
-        if self.proc.returncode is None:
+        proc = self.proc
+        if proc.returncode is None:
+            await wait_for(
+                lambda: proc.returncode is not None or catches(proc.pid, signal.SIGTERM),
+                timeout=timeout,
+            )
+        if proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), timeout)
@@ -187,6 +196,18 @@ class RecorderProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def catches(pid: int, signum: int) -> bool:
+    """``pid`` has a handler installed for ``signum`` (the SigCgt mask of /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except FileNotFoundError:
+        pass
+    return False
 
 
 @pytest.fixture

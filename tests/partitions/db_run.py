@@ -26,19 +26,17 @@ import re
 import time
 from dataclasses import dataclass, field
 
-import asyncpg
 import httpx
 
-from bulk_recorder.infra import pg_hosts
 from consumer.topology import Topology
 from settings import Settings
 from tests.cluster.failover_support import CommitWatch
 from tests.cluster.traffic import QueueTraffic
-from tests.conftest import Broker, unique_name, wait_for
-from tests.faults.audit import Audit, audit_run, wait_until_settled
+from tests.conftest import unique_name, wait_for
+from tests.faults.audit import Audit
 from tests.faults.conftest import RecorderProcess
 from tests.integration.producer_support import provision_key
-from tests.partitions.harness import LogWatch
+from tests.partitions.harness import LogWatch, settle_and_audit
 from tests.rigs.hosted import Hosted, service_settings
 
 HEARTBEAT = 2  # ?heartbeat= on the recorders' broker URLs
@@ -195,32 +193,19 @@ class DbRun:
         await self.stop_traffic()
         assert self.queue is not None
         sent, shapes = self.queue.merged()
-        opened: list[asyncpg.Connection] = []
-        dsn = self.hosted.test_dsn(self.database)
-
-        async def connect() -> asyncpg.Connection:
-            opened.append(await pg_hosts.connect(dsn))
-            return opened[-1]
-
-        broker = Broker(self.hosted.test_amqp_urls()[1], self.topo)
-        await broker.open()
         try:
-            conn = await connect()
-            try:
-                await wait_until_settled(connect, broker, sent, timeout=180)
-            except AssertionError:  # records missing: the audit counts them
-                self.unsettled = True
-            with contextlib.suppress(AssertionError):
-                await wait_for(self.hosted.all_ready, timeout=60, interval=0.5)
-            unready = await self.hosted.not_ready()
-            for name, proc in self.procs.items():
-                assert proc.running, f"{name} died"
-                assert await proc.terminate() == 0, f"{name} did not stop cleanly"
-            audit = await audit_run(conn, broker, sent, faults=faults, expected_dlq=shapes)
+            audit, unready, self.unsettled = await settle_and_audit(
+                self.hosted,
+                self.database,
+                self.topo,
+                self.procs,
+                sent,
+                faults,
+                expected_dlq=shapes,
+                settle_timeout=180,
+                missing_ok=True,
+            )
         finally:
-            await broker.close()
-            for each in opened:
-                each.terminate()
             await self.stop_watches()
         return audit, unready
 

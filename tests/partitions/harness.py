@@ -26,12 +26,15 @@ import contextlib
 import random
 import re
 import time
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import asyncpg
 
 from bulk_recorder.infra import pg_hosts
 from consumer.tools.generator import Generator
+from consumer.tools.loadgen import LoadReport
 from consumer.topology import Topology
 from tests.cluster.failover_support import CommitWatch
 from tests.cluster.traffic import Client, QueueTraffic
@@ -128,6 +131,65 @@ class LogWatch:
         return [f"+{at:.1f} s {text}" for text, at in seen.items()]
 
 
+async def settle_and_audit(
+    hosted: Hosted,
+    database: str,
+    topo: Topology,
+    procs: Mapping[str, RecorderProcess],
+    sent: LoadReport,
+    faults: int,
+    *,
+    expected_dlq: Counter[str],
+    settle_timeout: float,
+    missing_ok: bool = False,
+    outbox_drains: bool = False,
+    unconfirmed: Mapping[str, set[str]] | None = None,
+) -> tuple[Audit, list[str], bool]:
+    """The end of a run once its traffic stopped: wait until every record is in (with
+    ``missing_ok``, give up after ``settle_timeout``: the audit counts what is missing), and
+    the outbox empty (``outbox_drains``), then for every process to be ready; stop each
+    cleanly, and audit. Returns the audit, the processes not ready at the end and whether
+    settling was given up (the caller asserts, after it printed its report)."""
+    opened: list[asyncpg.Connection] = []
+    dsn = hosted.test_dsn(database)
+
+    async def connect() -> asyncpg.Connection:
+        opened.append(await pg_hosts.connect(dsn))
+        return opened[-1]
+
+    gave_up = False
+    broker = Broker(hosted.test_amqp_urls()[1], topo)
+    await broker.open()
+    try:
+        conn = await connect()
+        try:
+            await wait_until_settled(connect, broker, sent, timeout=settle_timeout)
+        except AssertionError:
+            if not missing_ok:
+                raise
+            gave_up = True
+        if outbox_drains:
+
+            async def outbox_sent() -> bool:
+                return int(await conn.fetchval("SELECT count(*) FROM outbox")) == 0
+
+            await wait_for(outbox_sent, timeout=120, interval=0.25)
+        with contextlib.suppress(AssertionError):
+            await wait_for(hosted.all_ready, timeout=60, interval=0.5)
+        unready = await hosted.not_ready()
+        for name, proc in procs.items():
+            assert proc.running, f"{name} died"
+            assert await proc.terminate() == 0, f"{name} did not stop cleanly"
+        audit = await audit_run(
+            conn, broker, sent, faults=faults, expected_dlq=expected_dlq, unconfirmed=unconfirmed
+        )
+    finally:
+        await broker.close()
+        for each in opened:
+            each.terminate()
+    return audit, unready, gave_up
+
+
 @dataclass
 class Run:
     hosted: Hosted
@@ -218,45 +280,23 @@ class Run:
             sent.ids["transaction"] |= client.accepted.keys()
             sent.published += len(client.accepted)
             sent.valid += len(client.accepted)
-        opened: list[asyncpg.Connection] = []
-        dsn = self.hosted.test_dsn(self.database)
-
-        async def connect() -> asyncpg.Connection:
-            opened.append(await pg_hosts.connect(dsn))
-            return opened[-1]
-
-        broker = Broker(self.hosted.test_amqp_urls()[1], self.topo)
-        await broker.open()
         try:
-            conn = await connect()
-            await wait_until_settled(connect, broker, sent, timeout=240)
-
-            async def outbox_sent() -> bool:
-                return int(await conn.fetchval("SELECT count(*) FROM outbox")) == 0
-
-            await wait_for(outbox_sent, timeout=120, interval=0.25)
-            with contextlib.suppress(AssertionError):
-                await wait_for(self.hosted.all_ready, timeout=60, interval=0.5)
-            unready = await self.hosted.not_ready()
-            for name, proc in self.procs.items():
-                assert proc.running, f"{name} died"
-                assert await proc.terminate() == 0, f"{name} did not stop cleanly"
-            audit = await audit_run(
-                conn,
-                broker,
+            audit, unready, _ = await settle_and_audit(
+                self.hosted,
+                self.database,
+                self.topo,
+                self.procs,
                 sent,
-                faults=faults,
+                faults,
                 expected_dlq=shapes,
+                settle_timeout=240,
+                outbox_drains=True,
                 unconfirmed=self.queue.unconfirmed,
             )
         finally:
-            await broker.close()
-            for each in opened:
-                each.terminate()
-            if self.watch is not None:
-                await self.watch.stop()
-            if self.logs is not None:
-                await self.logs.stop()
+            for watch in (self.watch, self.logs):
+                if watch is not None:
+                    await watch.stop()
         return audit, unready
 
     async def abort(self) -> None:

@@ -12,6 +12,8 @@ Pure: no I/O, unit-tested in ``tests/unit/test_fault_schedule.py``.
 
 from __future__ import annotations
 
+import datetime
+import os
 import random
 from dataclasses import dataclass
 from typing import Literal
@@ -96,3 +98,16 @@ def _what(rng: random.Random, kind: Kind, plan: Plan) -> tuple[str, float]:
         return rng.choice(HOLD_TARGETS), round(plan.heartbeat_grace + extra, 1)
     extra = rng.uniform(0.5, 2.0)
     return "primary", round(plan.db_command_timeout + extra, 1)
+
+
+def run_seeds(long: bool, runs: int) -> list[int]:
+    """The seeds a run draws its schedules from: SOAK_SEED's (comma-separated) when set; else
+    ``runs`` fresh ones for a long run; else today's date, so that a short run in `make test`
+    is the same all day and another the next."""
+    named = os.environ.get("SOAK_SEED", "").strip()
+    if named:
+        return [int(s) for s in named.split(",")]
+    if long:
+        pick = random.SystemRandom()
+        return [pick.randrange(1, 1_000_000) for _ in range(runs)]
+    return [int(datetime.date.today().strftime("%Y%m%d"))]

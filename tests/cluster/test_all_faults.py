@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import itertools
 import os
 import random
@@ -46,7 +45,7 @@ from consumer.topology import Topology
 from tests.cluster.conftest import SOAK_REPORTS, PgClusterFactory
 from tests.cluster.failover_support import CommitWatch, cluster_settings, open_broker
 from tests.cluster.fault_runner import Applied, FaultRunner
-from tests.cluster.schedule import Fault, Plan, draw
+from tests.cluster.schedule import Fault, Plan, draw, run_seeds
 from tests.cluster.traffic import Client, JobClient, QueueTraffic
 from tests.conftest import free_port, unique_name, wait_for
 from tests.faults.audit import Audit, audit_run, wait_until_settled
@@ -66,16 +65,7 @@ PLAN = (
 
 
 def _seeds() -> list[int]:
-    named = os.environ.get("SOAK_SEED", "").strip()
-    if named:
-        return [int(s) for s in named.split(",")]
-    if LONG:
-        pick = random.SystemRandom()
-        return [
-            pick.randrange(1, 1_000_000)
-            for _ in range(int(os.environ.get("SOAK_CLUSTER_RUNS", "3")))
-        ]
-    return [int(datetime.date.today().strftime("%Y%m%d"))]
+    return run_seeds(LONG, int(os.environ.get("SOAK_CLUSTER_RUNS", "3")))
 
 
 def reproduce(seed: int) -> str:

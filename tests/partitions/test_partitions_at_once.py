@@ -17,14 +17,13 @@ The seed and schedule are printed first, the report last (and in pytest's summar
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
-import random
 from collections import Counter
 
 import pytest
 
 from consumer.topology import Topology
+from tests.cluster.schedule import run_seeds
 from tests.partitions.conftest import REPORTS, cluster_whole
 from tests.partitions.harness import Run
 from tests.partitions.nemesis import KINDS, SHORT_KINDS, Nemesis, Plan, draw
@@ -38,14 +37,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(int(SECON
 
 
 def _seeds() -> list[int]:
-    named = os.environ.get("SOAK_SEED", "").strip()
-    if named:
-        return [int(s) for s in named.split(",")]
-    if LONG:
-        pick = random.SystemRandom()
-        runs = int(os.environ.get("SOAK_PARTITION_RUNS", "2"))
-        return [pick.randrange(1, 1_000_000) for _ in range(runs)]
-    return [int(datetime.date.today().strftime("%Y%m%d"))]
+    return run_seeds(LONG, int(os.environ.get("SOAK_PARTITION_RUNS", "2")))
 
 
 def reproduce(seed: int) -> str:

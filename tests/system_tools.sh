@@ -8,7 +8,8 @@
 # make test: promtool and prometheus (tests/ops/test_alerts.py, test_prometheus_live.py),
 # docker-compose (tests/ops/test_compose.py validates docker-compose.yml without a Docker engine)
 # chromium (test_docs_offline.py renders /docs), nft and ip (tests/partitions: hosts in network
-# namespaces, partitions by nftables drop rules inside them). make test-image and
+# namespaces, partitions by nftables drop rules inside them), gcc (the install compiles the
+# record rules: setup.py). make test-image and
 # make test-compose name theirs in tests/image/run.sh and tests/compose/run.sh.
 set -uo pipefail
 target=$1

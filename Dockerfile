@@ -20,7 +20,7 @@ WORKDIR /src
 # then the project itself without resolving anything again.
 COPY requirements.lock ./
 RUN pip install --require-hashes -r requirements.lock
-COPY pyproject.toml setup.py README.md settings.py ./
+COPY pyproject.toml setup.py README.md LICENSE settings.py ./
 COPY bulk_recorder ./bulk_recorder
 COPY consumer ./consumer
 RUN pip install --no-deps . && python -m compileall -q /opt/venv
@@ -33,6 +33,7 @@ ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="bulk-recorder" \
       org.opencontainers.image.description="Moves high-volume records from RabbitMQ into PostgreSQL in bulk: acked after commit, nothing lost, nothing doubled." \
       org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 RUN groupadd --system --gid 10001 recorder \
  && useradd --system --uid 10001 --gid recorder --no-create-home --shell /usr/sbin/nologin recorder

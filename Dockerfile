@@ -23,17 +23,28 @@ RUN pip install --require-hashes -r requirements.lock
 COPY pyproject.toml setup.py README.md LICENSE settings.py ./
 COPY bulk_recorder ./bulk_recorder
 COPY consumer ./consumer
-RUN pip install --no-deps . && python -m compileall -q /opt/venv
+# The source revision, stamped into the package (bulk_recorder/build.py; no .git in the context).
+ARG REVISION=unknown
+RUN BULK_RECORDER_REVISION="${REVISION}" pip install --no-deps . \
+ && python -m compileall -q /opt/venv
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG PYTHON_IMAGE
-# bulk_recorder.__version__: tests/image/run.sh passes it (--build-arg VERSION=...), and
-# tests/ops/test_image_labels.py keeps this default equal to it for a plain `docker build`.
-ARG VERSION=0.1.0
+# What this image is. bulk_recorder.__version__: scripts/release.sh and tests/image/run.sh
+# pass it (--build-arg VERSION=...), and tests/ops/test_dockerfile.py keeps this default equal
+# to it for a plain `docker build`; they pass REVISION (the commit) and CREATED (RFC 3339) too.
+ARG VERSION=1.0.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+ARG SOURCE=https://github.com/bulk-recorder/bulk-recorder
 LABEL org.opencontainers.image.title="bulk-recorder" \
       org.opencontainers.image.description="Moves high-volume records from RabbitMQ into PostgreSQL in bulk: acked after commit, nothing lost, nothing doubled." \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.documentation="${SOURCE}/tree/main/docs" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 RUN groupadd --system --gid 10001 recorder \
  && useradd --system --uid 10001 --gid recorder --no-create-home --shell /usr/sbin/nologin recorder

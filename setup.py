@@ -21,6 +21,7 @@ says it was meant.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -55,6 +56,33 @@ class _OptionalBuildExt(build_ext):
             _warn(f"could not compile {ext.name} ({exc})")
 
 
+def _stamp_revision() -> None:
+    """Write the source revision into the package (bulk_recorder/build.py reads it).
+
+    ``BULK_RECORDER_REVISION`` first (the image build has no .git), else the checkout's
+    ``git rev-parse HEAD``, ``-dirty`` when it has uncommitted changes; neither (an sdist being
+    built into a wheel) keeps the file the sdist carries.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    stamp = os.path.join(here, "bulk_recorder", "REVISION")
+    revision = os.environ.get("BULK_RECORDER_REVISION", "").strip()
+    if not revision and os.path.isdir(os.path.join(here, ".git")):
+        git = ["git", "-C", here]
+        try:
+            head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, check=True)
+            changed = subprocess.run(
+                [*git, "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                check=True,
+            )
+        except (OSError, subprocess.CalledProcessError):
+            return
+        revision = head.stdout.decode().strip() + ("-dirty" if changed.stdout.strip() else "")
+    if revision:
+        with open(stamp, "w") as file:
+            file.write(revision + "\n")
+
+
 def _ext_modules() -> list[Any]:
     if os.environ.get("BULK_RECORDER_COMPILE", "1") == "0":
         return []
@@ -69,4 +97,5 @@ def _ext_modules() -> list[Any]:
     return list(mypycify([*options, *COMPILED], opt_level="3"))
 
 
+_stamp_revision()
 setup(ext_modules=_ext_modules(), cmdclass={"build_ext": _OptionalBuildExt})

@@ -7,12 +7,13 @@ coroutine on uvloop with cleanup in ``finally``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from bulk_recorder import __version__
+from bulk_recorder.build import describe
 from bulk_recorder.exceptions import (
     EXIT_SETTINGS,
     EXIT_TOPOLOGY,
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bulk-recorder",
         description="RabbitMQ -> PostgreSQL bulk recorder. Settings come from the environment.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {describe()}")
     sub = parser.add_subparsers(dest="command", required=True)
     mig = sub.add_parser("migrate", help="create the database if missing and apply migrations")
     mig.add_argument(
@@ -275,8 +276,6 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_tune(args)
         return _run(args)
     except BulkRecorderError as exc:  # by class: each carries its exit code
-        import logging
-
         from bulk_recorder.masking import masked
 
         logging.getLogger(__name__).debug("%s failed", args.command, exc_info=True)
@@ -295,6 +294,7 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
+    logging.getLogger(__name__).info("bulk-recorder %s: %s", describe(), args.command)
     if args.command in LOAD_COMMANDS and not args.allow_remote:
         refuse_remote_targets(args.command, settings)  # before anything is reached
     one_shot = args.command in ONE_SHOT_NEEDS

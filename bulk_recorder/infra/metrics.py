@@ -24,6 +24,7 @@ from prometheus_client import (
 from prometheus_client.exposition import choose_encoder
 
 import bulk_recorder
+from bulk_recorder.build import revision
 from bulk_recorder.infra.held import Held
 from bulk_recorder.infra.histograms import SettleHistogram
 
@@ -106,12 +107,16 @@ class Metrics:
         GCCollector(registry=r)  # python_gc_*: collections, collected and uncollectable objects
         self.build_info = Gauge(
             p + "build_info",
-            "Always 1: the version of bulk-recorder, the Python and the role of this process.",
-            ["version", "python", "role"],
+            "Always 1: the version and source revision of bulk-recorder, the Python and the "
+            "role of this process.",
+            ["version", "revision", "python", "role"],
             registry=r,
         )
         self.build_info.labels(
-            version=bulk_recorder.__version__, python=platform.python_version(), role=role
+            version=bulk_recorder.__version__,
+            revision=revision(),
+            python=platform.python_version(),
+            role=role,
         ).set(1)
 
     def _delivery_metrics(self, r: CollectorRegistry, p: str) -> None:

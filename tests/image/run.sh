@@ -18,7 +18,8 @@ mounts=()
 started=$(date +%s%N)
 version=$(.venv/bin/python -c 'import bulk_recorder; print(bulk_recorder.__version__)')
 if ! podman build --quiet --pull=never --format docker --network host "${mounts[@]}" \
-  --build-arg "VERSION=$version" --tag "$image" . >/tmp/bulk-recorder-image-build.$$.log 2>&1; then
+  --build-arg "VERSION=$version" --build-arg "REVISION=$(git rev-parse HEAD)" \
+  --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" --tag "$image" . >/tmp/bulk-recorder-image-build.$$.log 2>&1; then
   tail -n 40 /tmp/bulk-recorder-image-build.$$.log >&2
   rm -f /tmp/bulk-recorder-image-build.$$.log
   exit 1

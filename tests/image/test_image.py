@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -286,12 +287,25 @@ def test_the_machines_ca_bundle_used_by_the_build_is_in_no_layer(image: str) -> 
     assert done.stdout.encode() != host.read_bytes()
 
 
-def test_the_image_is_labelled_with_the_projects_version(image: str) -> None:
+def test_the_image_is_labelled_with_its_version_revision_licence_and_source(image: str) -> None:
     """The OCI labels of the Dockerfile, with the version run.sh passes (--build-arg VERSION)."""
     config = json.loads(podman.podman("image", "inspect", image).stdout)[0]
     labels = config.get("Labels") or config.get("Config", {}).get("Labels") or {}
     assert labels.get("org.opencontainers.image.version") == bulk_recorder.__version__, labels
     assert labels.get("org.opencontainers.image.title") == "bulk-recorder", labels
+    assert labels.get("org.opencontainers.image.licenses") == "Apache-2.0", labels
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    assert labels.get("org.opencontainers.image.revision") == head.stdout.strip(), labels
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels["org.opencontainers.image.created"]
+    )
+    assert labels.get("org.opencontainers.image.source", "").startswith("https://"), labels
+    # the image's own build says the same revision as its label
+    shown = podman.podman("run", "--rm", "--network=none", image, "--version").stdout
+    assert (
+        shown.strip()
+        == f"bulk-recorder {bulk_recorder.__version__} (revision {head.stdout.strip()})"
+    )
 
 
 def test_the_record_rules_run_compiled_in_the_image(image: str) -> None:

@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import bulk_recorder
+from bulk_recorder.build import revision
 from bulk_recorder.infra.metrics import DEAD_LETTER_REASONS, PUBLISH_FAILURE_REASONS
 from tests.conftest import REPO, SettingsFactory, free_port, settings_env, wait_for
 from tests.integration.producer_support import running_api
@@ -99,6 +100,7 @@ async def test_a_running_role_serves_the_standard_collectors_build_info_and_no_c
         "bulk_recorder_build_info",
         (
             ("python", platform.python_version()),
+            ("revision", revision()),
             ("role", role),
             ("version", bulk_recorder.__version__),
         ),

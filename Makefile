@@ -6,7 +6,7 @@ RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 UV := $(BIN)/uv
 
-.PHONY: install system-tools node-clients lock lint rules test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster soak-partitions clean
+.PHONY: release install system-tools node-clients lock lint rules test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster soak-partitions clean
 
 install: $(STAMP)
 
@@ -66,6 +66,13 @@ lint: $(STAMP)
 # The prometheus-operator component's PrometheusRule, from deploy/prometheus/alerts.yml.
 rules: $(STAMP)
 	$(BIN)/python -m tests.ops.gen_rules
+
+# Cut the release bulk_recorder.__version__ (docs/compatibility.md): checks the tree is clean and
+# the version new, builds the sdist and the wheel into dist/, installs the wheel in a fresh venv
+# (compiled, `--version` checked), builds the image and tags v<version>. RELEASE_ARGS=--dry-run
+# stops before the tag (tests/integration/test_release.py runs that).
+release: $(STAMP)
+	bash scripts/release.sh $(RELEASE_ARGS)
 
 # Unit, integration (real RabbitMQ + PostgreSQL) and fault suites; then two fast mutants (a
 # different pair each day) that the tests named for their promise must still kill.

@@ -759,12 +759,16 @@ def test_the_migrate_job_is_named_after_its_image_so_an_upgrade_applies(
         assert 60 <= spec["activeDeadlineSeconds"] <= 3600, f"{name}: a stuck migration ends"
         assert spec["ttlSecondsAfterFinished"] > 0, name
 
-    def retag(kustomization: dict[str, Any]) -> None:
-        (image,) = kustomization["images"]
-        image["newTag"] = "9.9.9"
+    # A new version, and a rebuild of one version under the tag `make release` gives it
+    # (<version>-<12 characters of the commit>): each gets a Job of its own.
+    for tag in ("9.9.9", "9.9.9-0123456789ab", "9.9.9-fedcba987654"):
 
-    objects = render(_edited_copy(tmp_path, "overlays/production", retag))
-    assert set(_of_kind(objects, "Job")) == {"migrate-9.9.9"}
+        def retag(kustomization: dict[str, Any], tag: str = tag) -> None:
+            (image,) = kustomization["images"]
+            image["newTag"] = tag
+
+        objects = render(_edited_copy(tmp_path / tag, "overlays/production", retag))
+        assert set(_of_kind(objects, "Job")) == {f"migrate-{tag}"}
 
 
 def test_each_role_talks_only_to_its_broker_database_and_dns(

@@ -38,6 +38,7 @@ from typing import Any, Final
 import msgspec
 from fastapi import FastAPI
 
+from bulk_recorder import __version__
 from bulk_recorder.infra import tracing
 from bulk_recorder.infra.db import open_pool_when_ready
 from bulk_recorder.infra.metrics import Metrics
@@ -46,6 +47,7 @@ from bulk_recorder.producer.api.api_docs import API_DESCRIPTION, serve_docs_offl
 from bulk_recorder.producer.api.asgi import ASGIApp, Receive, Scope, Send, StatusSeen
 from bulk_recorder.producer.api.auth import Authenticator, install
 from bulk_recorder.producer.api.context import ApiContext
+from bulk_recorder.producer.api.examples import attach_nullable
 from bulk_recorder.producer.api.job_bodies import body_components
 from bulk_recorder.producer.api.loop_lag import watch_loop_lag
 from bulk_recorder.producer.api.models import IDEMPOTENCY_SCHEMA, JobRefused
@@ -65,7 +67,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ApiError", "create_app"]
 
-API_VERSION: Final = "1.0.0"
+API_VERSION: Final = __version__  # the package's: the API is part of its public interface
 DEFAULT_MAX_JOB_LINES: Final = 1_000_000
 
 
@@ -99,6 +101,7 @@ class _Api(FastAPI):
                 for parameter in operation.get("parameters", ()):
                     if parameter["name"] == "Idempotency-Key":
                         parameter["schema"] = IDEMPOTENCY_SCHEMA
+        attach_nullable(schema)
         self.openapi_schema = schema
         return schema
 

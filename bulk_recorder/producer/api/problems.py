@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from bulk_recorder.exceptions import BulkRecorderError
+from bulk_recorder.producer.api.examples import problem_example
 
 log = logging.getLogger(__name__)
 
@@ -101,22 +102,29 @@ def json_response(status: int, body: BaseModel | dict[str, Any], **headers: str)
 
 
 def problem_responses(
-    described: dict[int, str | None], *, schemas: dict[int, tuple[str, ...]] | None = None
+    described: dict[int, str | None],
+    *,
+    schemas: dict[int, tuple[str, ...]] | None = None,
+    examples: dict[int, dict[str, dict[str, Any]]] | None = None,
 ) -> dict[int | str, dict[str, Any]]:
     """A route's error answers for the OpenAPI document: each status with its description
     (None: the status's phrase) and a problem+json body (``schemas`` names other components
-    than ``Problem`` for some: any of them); 503 documents ``Retry-After``."""
+    than ``Problem`` for some: any of them) with an example of that status (``examples`` gives
+    named ones instead); 503 documents ``Retry-After``."""
     out: dict[int | str, dict[str, Any]] = {}
     for status, description in described.items():
         refs = [
             {"$ref": f"#/components/schemas/{name}"}
             for name in (schemas or {}).get(status, ("Problem",))
         ]
+        media: dict[str, Any] = {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}
+        if examples and status in examples:
+            media["examples"] = examples[status]
+        else:
+            media["example"] = problem_example(status)
         answer: dict[str, Any] = {
             "description": description or HTTPStatus(status).phrase,
-            "content": {
-                PROBLEM_MEDIA_TYPE: {"schema": refs[0] if len(refs) == 1 else {"anyOf": refs}}
-            },
+            "content": {PROBLEM_MEDIA_TYPE: media},
         }
         if status == 503:
             answer["headers"] = {

@@ -16,6 +16,13 @@ from bulk_recorder.infra.metrics import exposition
 from bulk_recorder.producer.api.auth import AUTH_RESPONSES, JobReader, JobWriter, TransactionWriter
 from bulk_recorder.producer.api.body import checked_idempotency_key, media_type_of, read_limited
 from bulk_recorder.producer.api.context import ApiContext
+from bulk_recorder.producer.api.examples import (
+    JOB_ACCEPTED,
+    JOB_REFUSED,
+    TRANSACTION_ACCEPTED,
+    TRANSACTION_RECORDED,
+    problem_example,
+)
 from bulk_recorder.producer.api.job_bodies import job_request_body
 from bulk_recorder.producer.api.job_status import JobStatus
 from bulk_recorder.producer.api.jobs import accept_job, job_status
@@ -33,6 +40,9 @@ from bulk_recorder.records import RecordError, Transaction, decode
 
 log = logging.getLogger(__name__)
 
+KEY_REUSED: Final = "Idempotency-Key was already used for a different request body"
+NOT_A_UUID: Final = "Input should be a valid UUID, invalid character: found `x` at 0"
+
 # Each route's error answers in the OpenAPI document: problem+json, with their causes.
 TRANSACTION_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
     **problem_responses(
@@ -43,7 +53,13 @@ TRANSACTION_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
             415: None,
             422: "invalid transaction, or key reused",
             503: "the database is unreachable",
-        }
+        },
+        examples={
+            422: {
+                "invalid": {"value": problem_example(422)},
+                "key reused": {"value": problem_example(422, KEY_REUSED)},
+            }
+        },
     ),
     **AUTH_RESPONSES,
 }
@@ -58,6 +74,12 @@ JOB_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
             503: "the database is unreachable",
         },
         schemas={422: ("JobRefused", "Problem")},
+        examples={
+            422: {
+                "no valid line": {"value": JOB_REFUSED},
+                "key reused": {"value": problem_example(422, KEY_REUSED)},
+            }
+        },
     ),
     **AUTH_RESPONSES,
 }
@@ -67,7 +89,10 @@ JOB_STATUS_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
             404: "no such job, or another client's job",
             422: "the id is not a UUID",
             503: "the database is unreachable",
-        }
+        },
+        examples={
+            422: {"not a UUID": {"value": problem_example(422, "path.job_id: " + NOT_A_UUID)}}
+        },
     ),
     **AUTH_RESPONSES,
 }
@@ -91,6 +116,8 @@ def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
         response_class=PlainTextResponse,
         tags=["operations"],
         operation_id="getLiveness",
+        summary="Liveness: the process is alive",
+        response_description="alive: `ok`",
     )
     async def healthz() -> str:
         """The process is alive."""
@@ -99,6 +126,8 @@ def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
     @app.get(
         "/readyz",
         operation_id="getReadiness",
+        summary="Readiness: the database answers",
+        response_description="ready: `database up`",
         response_class=PlainTextResponse,
         tags=["operations"],
         responses={
@@ -119,7 +148,12 @@ def add_operation_routes(app: FastAPI, ctx: ApiContext) -> None:
         return PlainTextResponse("database up\n")
 
     @app.get(
-        "/metrics", response_class=PlainTextResponse, tags=["operations"], operation_id="getMetrics"
+        "/metrics",
+        response_class=PlainTextResponse,
+        tags=["operations"],
+        operation_id="getMetrics",
+        summary="Prometheus metrics",
+        response_description="the text format, or OpenMetrics when asked (`Accept`)",
     )
     async def metrics_endpoint(request: Request) -> Response:
         """Prometheus metrics; outbox backlog and oldest age are read at scrape time."""
@@ -143,12 +177,21 @@ def add_transaction_routes(app: FastAPI, ctx: ApiContext) -> None:
     @app.post(
         "/v1/transactions",
         operation_id="createTransaction",
+        summary="Record a transaction",
         tags=["transactions"],
         status_code=202,
         response_model=TransactionAccepted,
         openapi_extra=TRANSACTION_BODY,
         responses={
-            201: {"model": TransactionAccepted, "description": "recorded (sync mode)"},
+            202: {
+                "description": "accepted (async mode): stored with its outbox row, recorded soon",
+                "content": {"application/json": {"example": TRANSACTION_ACCEPTED}},
+            },
+            201: {
+                "model": TransactionAccepted,
+                "description": "recorded (sync mode): written with its operations and balances",
+                "content": {"application/json": {"example": TRANSACTION_RECORDED}},
+            },
             **TRANSACTION_ERRORS,
         },
     )
@@ -180,12 +223,17 @@ def add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
     @app.post(
         "/v1/credit-annotation-jobs",
         operation_id="createCreditAnnotationJob",
+        summary="Submit a credit-annotation job",
         tags=["credit annotation jobs"],
         status_code=202,
         response_model=JobAccepted,
         openapi_extra=job_request_body(ctx.max_job_lines),
         responses={
-            202: {"description": "accepted: its lines go to the outbox", "links": JOB_LINKS},
+            202: {
+                "description": "accepted: its valid lines go to the outbox",
+                "links": JOB_LINKS,
+                "content": {"application/json": {"example": JOB_ACCEPTED}},
+            },
             **JOB_ERRORS,
         },
     )
@@ -212,9 +260,13 @@ def add_job_routes(app: FastAPI, ctx: ApiContext) -> None:
     @app.get(
         "/v1/credit-annotation-jobs/{job_id}",
         operation_id="getCreditAnnotationJob",
+        summary="Read a job's status and progress",
         tags=["credit annotation jobs"],
         response_model=JobStatus,
         responses={
+            # its example (with nulls, which FastAPI drops from a decorator's) is set by the
+            # app's openapi(): examples.attach_nullable
+            200: {"description": "the job's status and counts"},
             **JOB_STATUS_ERRORS,
         },
     )

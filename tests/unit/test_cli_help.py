@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from bulk_recorder import __version__
+from bulk_recorder.build import revision
 from consumer.cli import build_parser
 
 
@@ -69,4 +70,4 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         build_parser().parse_args(["--version"])
     assert done.value.code == 0
-    assert capsys.readouterr().out.strip() == f"bulk-recorder {__version__}"
+    assert capsys.readouterr().out.strip() == f"bulk-recorder {__version__} (revision {revision()})"

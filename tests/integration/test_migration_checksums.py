@@ -63,3 +63,19 @@ async def test_an_edited_applied_migration_is_refused_naming_the_file(
     assert "002_outbox.sql" in done.stderr, done.stderr
     assert "was edited after it was applied" in done.stderr, done.stderr
     assert done.stderr.count("\n") <= 2, done.stderr  # one line, not a traceback
+
+
+async def test_an_edit_is_refused_before_a_pending_migration_is_applied(database_url, db) -> None:
+    """The refusal holds on both paths: with nothing pending (no lock taken) and with a
+    migration still to apply, where nothing is applied on top of the edited file."""
+    await migrate(database_url)
+    conn = await db()
+    last = migration_files()[-1][0]
+    await conn.execute(
+        "UPDATE schema_migrations SET checksum = $1 WHERE name = '002_outbox.sql'",
+        checksum("-- the file as it was applied\n"),
+    )
+    await conn.execute("DELETE FROM schema_migrations WHERE name = $1", last)  # pending again
+    with pytest.raises(MigrationEdited, match=r"002_outbox\.sql"):
+        await migrate(database_url)
+    assert last not in await _recorded(conn)

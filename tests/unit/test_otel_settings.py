@@ -36,7 +36,9 @@ def test_what_the_sdk_here_cannot_do_is_refused_by_name(
         ("OTEL_EXPORTER_OTLP_PROTOCOL", " HTTP/Protobuf "),
         ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
         ("OTEL_TRACES_EXPORTER", "otlp"),
+        ("OTEL_TRACES_EXPORTER", " OTLP "),
         ("OTEL_PROPAGATORS", "tracecontext"),
+        ("OTEL_PROPAGATORS", "TraceContext"),
         ("OTEL_PROPAGATORS", ""),
     ],
 )
@@ -48,7 +50,9 @@ def test_what_it_does_is_accepted(
     assert load_settings().otel_traces_url == "http://collector:4318/v1/traces"
 
 
-def test_the_none_exporter_turns_tracing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("value", ["none", "NONE", " None "])
+def test_the_none_exporter_turns_tracing_off(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """In any case, as OpenTelemetry's other SDKs read it: an upper-case NONE is not refused."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
-    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", value)
     assert load_settings().otel_traces_url is None

@@ -115,3 +115,26 @@ def test_an_ascii_utf16_file_without_bom_is_refused_not_echoed(tmp_path: Path) -
     assert "DATABASE_URL_FILE" in done.stderr
     assert "not one line of UTF-8 text" in done.stderr
     assert "\\x00" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("char", ["\x1f", "\x7f", "\x85", "\x9f"])
+def test_c0_del_and_c1_controls_in_a_secret_file_are_refused_not_echoed(
+    env: pytest.MonkeyPatch, tmp_path: Path, char: str
+) -> None:
+    """Every control character is refused, not only NUL: C0 up to 0x1F, DEL (0x7F) and the C1
+    range to 0x9F (a Latin-1 or CP-1252 file read as UTF-8 may carry them), never echoed."""
+    (tmp_path / "db").write_text(DB.replace("s3cret", f"s3c{char}ret"), encoding="utf-8")
+    env.setenv("DATABASE_URL_FILE", str(tmp_path / "db"))
+    with pytest.raises(SettingsError, match=r"DATABASE_URL_FILE: .* holds control characters"):
+        load_settings()
+
+
+@pytest.mark.parametrize("char", ["~", "\xa0", "\u00e9"])
+def test_printable_characters_either_side_of_the_controls_are_kept(
+    env: pytest.MonkeyPatch, tmp_path: Path, char: str
+) -> None:
+    """0x7E below DEL and 0xA0 just past the C1 range are text: the URL is read as written."""
+    url = DB.replace("s3cret", f"s3c{char}ret")
+    (tmp_path / "db").write_text(url + "\n", encoding="utf-8")
+    env.setenv("DATABASE_URL_FILE", str(tmp_path / "db"))
+    assert load_settings().database_url == url

@@ -128,6 +128,34 @@ def test_bad_value_names_the_variable(clean_env: pytest.MonkeyPatch, name: str, 
     assert repr(value) in message
 
 
+RETENTION_WINDOWS = ("API_IDEMPOTENCY_RETENTION_DAYS", "API_JOB_RETENTION_DAYS")
+
+
+@pytest.mark.parametrize("name", RETENTION_WINDOWS)
+def test_a_retention_window_runs_from_1_day_to_36500(
+    clean_env: pytest.MonkeyPatch, name: str
+) -> None:
+    """0 days would remove a record as soon as it is written (a retried request then runs
+    twice); each window takes 1 to 36,500 days (a century) and nothing either side."""
+    for days in (1, 36_500):
+        clean_env.setenv(name, str(days))
+        assert getattr(load_settings(), name.lower()) == days
+    for days in (0, 36_501):
+        clean_env.setenv(name, str(days))
+        with pytest.raises(SettingsError, match=f"{name}: .*got '{days}'"):
+            load_settings()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("OFF", "off"), (" On ", "on"), ("off", "off")])
+def test_api_auth_is_read_in_any_case(
+    clean_env: pytest.MonkeyPatch, value: str, expected: str
+) -> None:
+    """As LOG_FORMAT: API_AUTH=OFF is off, not a start-up failure (its validator is its own:
+    one named like the settings' ``_lower`` would be replaced by it, and OFF refused)."""
+    clean_env.setenv("API_AUTH", value)
+    assert load_settings().api_auth == expected
+
+
 def test_database_command_timeout(clean_env: pytest.MonkeyPatch) -> None:
     """15 s unless set: how long a statement may go unanswered before it is an outage."""
     clean_env.delenv("BULK_RECORDER_DB_COMMAND_TIMEOUT_S", raising=False)

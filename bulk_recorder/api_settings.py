@@ -22,6 +22,15 @@ class ApiSettings(BaseSettings):
         "127.0.0.1", min_length=1, description="Where `bulk-recorder api` listens."
     )
     api_port: int = Field(8080, ge=1, le=65_535, description="API port.")
+    api_root_path: str = Field(
+        "",
+        pattern=r"^(/[A-Za-z0-9._~-]+)*$",
+        description=(
+            "The path prefix a reverse proxy serves the API under and strips (`/bulk`): "
+            "`/docs` and `/redoc` then load `/bulk/openapi.json` and their assets from there, "
+            "and the document's `servers` says it. Empty: served at the root."
+        ),
+    )
     api_max_job_bytes: int = Field(
         256 * 1_048_576,
         ge=1024,

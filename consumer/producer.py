@@ -61,6 +61,9 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
         access_log=False,  # one line a request would cost more than the request; see /metrics
         server_header=False,
         timeout_graceful_shutdown=int(budget.step("requests")),
+        # behind a proxy that strips this prefix: uvicorn puts it back in front of each path
+        # (as ASGI asks), so /docs, its assets and openapi.json resolve under it
+        root_path=settings.api_root_path,
     )
     server = Server(config, deadline)
     # Bound here, before uvicorn starts: a taken port is one line naming API_PORT and exit 2

@@ -18,6 +18,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -143,6 +144,10 @@ async def test_docs_render_both_post_endpoints_with_no_network_beyond_loopback(
         f"operations rendered: {sorted(found)}\n{dom[-3000:]}"
     )
     assert ("GET", "/v1/credit-annotation-jobs/{job_id}") in found
+    # each operation under its own title, not FastAPI's default from the handler's name
+    titles = set(re.findall(r'opblock-summary-description">([^<]+)<', dom))
+    assert titles >= {"Record a transaction", "Submit a credit-annotation job"}, titles
+    assert not titles & {"Post Transaction", "Post Job", "Healthz", "Metrics Endpoint"}, titles
     # ReDoc renders the same document from the same host.
     for path in ("/v1/transactions", "/v1/credit-annotation-jobs"):
         assert path in redoc, f"ReDoc does not show {path}: {redoc[-3000:]}"
@@ -153,3 +158,58 @@ async def test_the_same_browser_shows_nothing_of_fastapis_default_cdn_page(tmp_p
         dom = await rendered(f"{base}/docs", tmp_path / "profile")
     assert "cdn.jsdelivr.net" in dom, dom[-2000:]  # the page asks for the CDN ...
     assert operations(dom) == set(), dom[-3000:]  # ... and renders nothing without it
+
+
+@contextlib.asynccontextmanager
+async def prefix_stripping_proxy(upstream: str, prefix: str) -> AsyncIterator[str]:
+    """A reverse proxy serving ``upstream`` under ``prefix`` and stripping it, on loopback;
+    anything outside the prefix is 404, as such a proxy routes it elsewhere."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        if not path.startswith(prefix + "/"):
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b"not under the prefix"})
+            return
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(upstream + path[len(prefix) :])
+        headers = [(b"content-type", answer.headers.get("content-type", "").encode())]
+        await send(
+            {"type": "http.response.start", "status": answer.status_code, "headers": headers}
+        )
+        await send({"type": "http.response.body", "body": answer.content})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    try:
+        await wait_for(lambda: server.started, timeout=20)
+        yield f"http://127.0.0.1:{port}{prefix}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 20)
+
+
+@pytest.mark.parametrize("root_path", ["/bulk", ""])
+async def test_docs_render_behind_a_proxy_that_strips_a_path_prefix_only_with_api_root_path(
+    make_settings: SettingsFactory, tmp_path: Path, root_path: str
+) -> None:
+    env = settings_env(
+        make_settings(), API_HOST="127.0.0.1", METRICS_PORT="0", API_ROOT_PATH=root_path
+    )
+    async with (
+        api_process(env, tmp_path / "api.log") as api,
+        prefix_stripping_proxy(api, "/bulk") as proxied,
+    ):
+        dom = await rendered(f"{proxied}/docs", tmp_path / "profile")
+        async with httpx.AsyncClient(timeout=10) as http:
+            document = (await http.get(f"{proxied}/openapi.json")).json()
+    found = operations(dom)
+    if root_path:
+        assert ("POST", "/v1/transactions") in found, dom[-3000:]
+        assert document["servers"] == [{"url": "/bulk"}]
+    else:  # the page asks for /openapi.json at the root, which the proxy does not serve
+        assert found == set(), sorted(found)
+        assert "servers" not in document

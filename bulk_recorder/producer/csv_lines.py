@@ -64,7 +64,8 @@ class CsvParser:
         lines = data.split("\n")
         self._tail = lines.pop()
         if len(self._tail) > self._limit // 4 and utf8_size(self._tail) > self._limit:
-            raise FormatError(f"line {self._line + 1}: longer than {self._limit} bytes")
+            number = self._line + len(lines) + 1  # after the lines this chunk finished
+            raise FormatError(f"line {number}: longer than {self._limit} bytes")
         return self._records(lines)
 
     def finish(self) -> list[Item]:

@@ -298,3 +298,47 @@ def test_an_unfinished_csv_line_is_measured_in_bytes() -> None:
     parser.feed(b"id,document,kind,creditor,amount,occurred_on,reason\n")
     with pytest.raises(FormatError, match="line 2: longer than 100 bytes"):
         parser.feed(("ç" * 51).encode())
+
+
+def test_a_csv_line_of_exactly_the_limit_cut_before_its_newline_is_taken() -> None:
+    """The unfinished line is held to the limit as the finished one is: a record of exactly
+    the limit in bytes ('ç', 2 bytes each), its newline in the next chunk, is taken; one byte
+    more, still unfinished, refuses the body."""
+    header = "id,document,kind,creditor,amount,occurred_on,reason\n"
+    limit = len(_csv_record("").encode()) + 200
+    at_limit = _csv_record("ç" * 100)
+    assert len(at_limit.encode()) == limit
+    items = run("csv", [(header + at_limit).encode(), b"\n"], limit)
+    assert [(n, type(item)) for n, item in items] == [(2, bytes)]
+    parser = CsvParser(limit)
+    with pytest.raises(FormatError, match=f"line 2: longer than {limit} bytes"):
+        parser.feed((header + at_limit + "x").encode())
+
+
+def test_an_unfinished_csv_line_of_4_byte_characters_is_refused_one_past_the_limit() -> None:
+    """The cheap count of characters before the exact count of bytes lets no line through: 25
+    four-byte characters are the limit of 100 bytes exactly, 26 are refused."""
+    header = b"id,document,kind,creditor,amount,occurred_on,reason\n"
+    CsvParser(100).feed(header + ("\U0001f600" * 25).encode())  # 100 bytes: fine so far
+    with pytest.raises(FormatError, match="line 2: longer than 100 bytes"):
+        CsvParser(100).feed(header + ("\U0001f600" * 26).encode())
+
+
+def test_a_csv_quoted_field_left_open_is_measured_in_bytes() -> None:
+    """A quoted field that runs on over several lines is bounded in bytes too: 100 bytes of
+    'ç' (50 characters) with their newline make the limit of 100 exactly, one more line is
+    refused."""
+    parser = CsvParser(100)
+    parser.feed(b"id,document,kind,creditor,amount,occurred_on,reason\n")
+    opened = '"' + "ç" * 49  # 99 bytes, and its newline: 100
+    assert parser.feed((opened + "\n").encode()) == []
+    with pytest.raises(FormatError, match="line 2: a quoted field is never closed, or the"):
+        parser.feed(b"\n")
+
+
+def test_an_overlong_unfinished_csv_line_names_its_own_line() -> None:
+    """The lines finished in the same chunk count: the refusal names the line that is too
+    long (line 4, after the header and two blank lines), not the chunk's first."""
+    body = b"id,document,kind,creditor,amount,occurred_on,reason\n\n\n" + b"x" * 101
+    with pytest.raises(FormatError, match=r"^line 4: longer than 100 bytes$"):
+        CsvParser(100).feed(body)

@@ -36,6 +36,22 @@ def test_api_key_list_json_and_a_revoke_of_several_keys_asks_first(make_settings
     assert all(k["revoked_at"] is not None for k in after)
 
 
+def test_a_client_with_one_live_key_is_revoked_by_name_without_a_question(make_settings) -> None:
+    """The question is for several live keys: a client left with one live key (its other one
+    revoked already) is revoked by name at once, even with no terminal to answer."""
+    env = settings_env(make_settings())
+    for _ in range(2):
+        assert run_cli(["api-key", "create", "solo"], env).returncode == 0
+    first = json.loads(run_cli(["api-key", "list", "--json"], env).stdout)[0]["id"]
+    assert run_cli(["api-key", "revoke", first], env).returncode == 0
+    done = run_cli(["api-key", "revoke", "solo"], env, answer="")  # no answer to give
+    assert done.returncode == 0, done.stderr
+    assert "?" not in done.stdout
+    assert done.stdout.count("revoked ") == 1
+    after = json.loads(run_cli(["api-key", "list", "--json"], env).stdout)
+    assert all(k["revoked_at"] is not None for k in after)
+
+
 @pytest.mark.parametrize("command", [["publish", "--count", "1"], ["demo", "--count", "1"]])
 def test_the_load_commands_refuse_a_remote_broker_unless_allowed(make_settings, command) -> None:
     # 0.0.0.0 is not a loopback address, yet a connect to it stays on this machine (a closed

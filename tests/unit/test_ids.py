@@ -65,3 +65,28 @@ def test_unique_over_many_calls_and_the_random_part_varies() -> None:
     # rand_b is drawn for every id: the low 62 bits differ between neighbours.
     low = {uuid.UUID(v).int & ((1 << 62) - 1) for v in made}
     assert len(low) == len(made)
+
+
+class _HighestBits(random.Random):
+    """Every draw all ones: the counter's highest seed, and rand_b's."""
+
+    def getrandbits(self, k: int) -> int:
+        return (1 << k) - 1
+
+
+def test_2049_ids_fit_in_one_millisecond_even_from_the_highest_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The counter is seeded with 11 random bits (at most 2,047) and counts to 4,095: the
+    documented "at least 2,048 ids in one millisecond" holds for every seed, here the
+    highest, with exactly one more (2,049) before the next millisecond is borrowed."""
+    monkeypatch.setattr(ids, "_CLOCK", ids._Clock())
+    frozen = time.time_ns()
+    monkeypatch.setattr(time, "time_ns", lambda: frozen)
+    rng = _HighestBits()
+    made = [uuid.UUID(uuid7(rng)).int for _ in range(2_050)]
+    now_ms = frozen // 1_000_000
+    assert [(value >> 64) & 0xFFF for value in made[:2]] == [2_047, 2_048]
+    assert {value >> 80 for value in made[:2_049]} == {now_ms}
+    assert made[2_049] >> 80 == now_ms + 1  # the 2,050th borrows the next millisecond
+    assert all(a < b for a, b in pairwise(made))

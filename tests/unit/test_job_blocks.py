@@ -135,17 +135,23 @@ def test_an_id_repeated_inside_a_block_and_from_an_earlier_one_names_the_first_l
     assert by_loop("ndjson", chunks, 10) == (accepted, rejected, rejections, rows)
 
 
-def test_csv_blocks_match_the_loop() -> None:
-    gen = Generator.create(3)
-    header = "id,document,kind,creditor,amount,occurred_on,reason"
+CSV_HEADER = "id,document,kind,creditor,amount,occurred_on,reason"
+
+
+def csv_rows(seed: int, n: int) -> list[str]:
+    gen = Generator.create(seed)
     rows = []
-    for _ in range(30):
+    for _ in range(n):
         r = gen.credit_annotation()
         rows.append(
             f'{r["id"]},{r["document"]},{r["kind"]},"{r["creditor"]}",{r["amount"]},'
             f"{r['occurred_on']},"
         )
-    body = ("\r\n".join([header, *rows, "x,y"]) + "\r\n").encode()
+    return rows
+
+
+def test_csv_blocks_match_the_loop() -> None:
+    body = ("\r\n".join([CSV_HEADER, *csv_rows(3, 30), "x,y"]) + "\r\n").encode()
     chunks = split(body, [100, 1000, 1001, 2500])
     assert by_blocks("csv", chunks, 5, 7) == by_loop("csv", chunks, 5)
 
@@ -154,3 +160,48 @@ def test_the_line_limit_is_checked_before_a_block_is_made() -> None:
     intake = BlockIntake(parser_for("ndjson", LIMIT), max_lines=2)
     with pytest.raises(TooManyLines):
         intake.feed(b"\n\n\n")
+
+
+@pytest.mark.parametrize("fmt", ["ndjson", "csv"])
+@pytest.mark.parametrize("last_newline", [True, False], ids=["newline", "at-finish"])
+def test_a_job_of_exactly_max_lines_is_accepted_on_the_workers_path(
+    fmt: str, last_newline: bool
+) -> None:
+    """On the blocks' path as on the loop's: a job of API_MAX_JOB_LINES lines (3 here; a CSV
+    header is no line) is taken whole, one more line is refused, whether the last line ends
+    with a newline or is counted at the body's end."""
+
+    def intake_of(n: int) -> BlockIntake:
+        lines = job_lines(4, n, [], []) if fmt == "ndjson" else csv_rows(4, n)
+        head = [CSV_HEADER] if fmt == "csv" else []
+        body = "\n".join([*head, *lines]) + ("\n" if last_newline else "")
+        intake = BlockIntake(parser_for(fmt, LIMIT), max_lines=3)
+        for block in (intake.feed(body.encode()), intake.finish()):
+            if block is not None:
+                intake.apply(validate_block(JOB, LIMIT, block))
+        return intake
+
+    at_limit = intake_of(3)
+    assert (at_limit.accepted, at_limit.rejected, at_limit.parser.lines) == (3, 0, 3)
+    with pytest.raises(TooManyLines, match="a job has at most 3 lines"):
+        intake_of(4)
+
+
+@pytest.mark.parametrize("fmt", ["ndjson", "csv"])
+def test_rejections_of_the_parser_and_of_validation_are_listed_in_line_order(fmt: str) -> None:
+    """One block holding a line validation refuses (a bad amount) before one the parser
+    refuses (too long; in CSV a wrong field count): the job lists them in line order, as the
+    loop does."""
+    good = job_lines(5, 3, [], [1]) if fmt == "ndjson" else csv_rows(5, 3)
+    if fmt == "ndjson":
+        lines = [good[0], good[1], json.dumps({"pad": "x" * LIMIT}), good[2]]
+    else:
+        head, _, occurred_on, reason = good[1].rsplit(",", 3)
+        lines = [CSV_HEADER, good[0], f"{head},-1,{occurred_on},{reason}", "x,y", good[2]]
+    chunks = [("\n".join(lines) + "\n").encode()]
+    accepted, rejected, rejections, rows = by_blocks(fmt, chunks, 10, 100)
+    assert (accepted, rejected) == (2, 2)
+    first = 2 if fmt == "ndjson" else 3  # the CSV header is line 1
+    assert [number for number, _ in rejections] == [first, first + 1]
+    assert rejections[0][1].startswith("amount:")
+    assert by_loop(fmt, chunks, 10) == (accepted, rejected, rejections, rows)

@@ -95,8 +95,11 @@ test-compose: $(STAMP)
 
 # Every mutant in tests/mutants/mutants.py, each on a scratch copy against its promise's tests,
 # after checking those tests pass unmutated. Ends with "mutants: N killed, 0 survived".
+# MUTANT_JOBS side by side (their tests mostly wait on the services); those whose tests fault a
+# shared service or bind fixed ports run alone, after the others (tests/mutants/run.py).
+MUTANT_JOBS ?= 3
 mutants: $(STAMP)
-	$(BIN)/python -m tests.mutants.run --baseline
+	$(BIN)/python -m tests.mutants.run --baseline --jobs $(MUTANT_JOBS)
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit

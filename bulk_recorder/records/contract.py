@@ -24,6 +24,10 @@ DEFAULT_MAX_BODY_BYTES = 1_048_576
 # beyond either is refused here rather than by PostgreSQL later, whatever its spelling.
 MAX_METADATA_INTEGER_DIGITS: Final = 131_072
 MAX_METADATA_FRACTION_DIGITS: Final = 16_383
+# And before counting digits, PostgreSQL 15 refuses an exponent as written of INT_MAX / 2
+# (1,073,741,823) or more either way, even on a zero, which has no digits to count:
+# 0e1073741822 is stored, 0e1073741823 and 0.000e1073741823 are refused.
+MAX_METADATA_EXPONENT: Final = 1_073_741_822
 
 MAX_DEPTH: Final = 32  # nesting levels of objects/arrays, the body's own object being level 1
 MAX_OPERATIONS: Final = 1000

@@ -88,7 +88,9 @@ _ENCODE_SORTED: Final = msgspec.json.Encoder(decimal_format="number", order="sor
 
 def sorted_json(body: bytes) -> bytes:
     """The body's JSON compact with sorted keys, every number as sent (``decode`` accepted it):
-    the same bytes however the body is spaced or its keys ordered."""
+    the same bytes however the body is spaced or its keys ordered. (But for an exponent that
+    PostgreSQL refuses, which only a field nobody reads can hold: written as ``json_number``
+    reads it, a zero with the first exponent refused.)"""
     return _ENCODE_SORTED(_parse_any(body)[0])
 
 

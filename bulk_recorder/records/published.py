@@ -23,6 +23,7 @@ from bulk_recorder.records.contract import (
     MAX_AMOUNT_INTEGER_DIGITS,
     MAX_DEPTH,
     MAX_METADATA_BYTES,
+    MAX_METADATA_EXPONENT,
     MAX_METADATA_FRACTION_DIGITS,
     MAX_METADATA_INTEGER_DIGITS,
 )
@@ -180,9 +181,10 @@ METADATA_COMPONENTS: Final[dict[str, Any]] = {
         f"NUL in any string or key, at most {MAX_METADATA_BYTES} bytes as compact JSON, numbers "
         f"of at most {MAX_METADATA_INTEGER_DIGITS} digits before the decimal point and "
         f"{MAX_METADATA_FRACTION_DIGITS} after (PostgreSQL's numeric; counted as written once "
-        "the exponent is applied, trailing zeros included, whatever the spelling), at most "
-        f"{MAX_DEPTH} levels of nesting in the whole body (the sizes, the digits and the depth "
-        "are checked on receipt: no schema states them).",
+        "the exponent is applied, trailing zeros included, whatever the spelling) with an "
+        f"exponent as written of at most {MAX_METADATA_EXPONENT} either way, even on a zero; "
+        f"at most {MAX_DEPTH} levels of nesting in the whole body (the sizes, the digits, the "
+        "exponents and the depth are checked on receipt: no schema states them).",
     },
     "MetadataValue": {
         "anyOf": [

@@ -10,6 +10,7 @@ carries; ``where`` is the prefix of the field name ("" or "operations[3].").
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -22,12 +23,13 @@ from bulk_recorder.records.contract import (
     MAX_AMOUNT_FRACTION_DIGITS,
     MAX_AMOUNT_INTEGER_DIGITS,
     MAX_METADATA_BYTES,
+    MAX_METADATA_EXPONENT,
     MAX_METADATA_FRACTION_DIGITS,
     MAX_METADATA_INTEGER_DIGITS,
     RecordError,
 )
 from bulk_recorder.records.documents import normalize_document
-from bulk_recorder.records.schema import ASSET_PATTERN, ENCODE, PARSE
+from bulk_recorder.records.schema import ASSET_PATTERN, ENCODE, PARSE, json_number
 
 MISSING: Final = object()
 
@@ -216,19 +218,22 @@ _UNSTORABLE: Final = (
 
 
 def storable_number(number: Decimal) -> bool:
-    """True if PostgreSQL's numeric holds ``number`` (a finite Decimal) as written: its digits
+    """True if PostgreSQL's numeric holds ``number`` (a finite Decimal) as written, by
+    ``str(number)`` or in the JSON that :func:`~.schema.json_number` read it from: its digits
     before the point, once the exponent is applied, and its scale (trailing zeros count, as
     numeric keeps them). One rule by value, whether the number is written plainly or with an
-    exponent: ``1e1001`` and ``1`` followed by 1,001 zeros alike."""
+    exponent: ``1e1001`` and ``1`` followed by 1,001 zeros alike. And the exponent itself,
+    which PostgreSQL bounds as written, even on a zero (``0e1073741823``): json_number gives a
+    number written with an exponent past that bound a Decimal exponent past it too."""
     exponent = number.as_tuple().exponent
     assert isinstance(exponent, int)  # JSON has no NaN or Infinity
-    if exponent < -MAX_METADATA_FRACTION_DIGITS:
+    if exponent < -MAX_METADATA_FRACTION_DIGITS or exponent > MAX_METADATA_EXPONENT:
         return False
     return not number or number.adjusted() < MAX_METADATA_INTEGER_DIGITS
 
 
 def _bounded_decimal(text: str) -> Decimal:
-    number = Decimal(text)
+    number = json_number(text)
     if not storable_number(number):
         raise _Unstorable
     return number
@@ -236,6 +241,8 @@ def _bounded_decimal(text: str) -> Decimal:
 
 # Metadata fractions are rare: the hook costs nothing for the usual strings and integers.
 _PARSE_METADATA: Final = msgspec.json.Decoder(float_hook=_bounded_decimal).decode
+# Every integer as a Decimal, whatever its digits (see metadata_from_raw).
+_PARSE_LONG_INTEGERS: Final = json.JSONDecoder(parse_int=Decimal, parse_float=json_number).decode
 
 
 def metadata_from_raw(raw: msgspec.Raw) -> str | None:
@@ -244,6 +251,12 @@ def metadata_from_raw(raw: msgspec.Raw) -> str | None:
         value = _PARSE_METADATA(raw)
     except _Unstorable:
         return metadata(PARSE(raw))  # NUL is reported before the number
+    except msgspec.ValidationError:
+        # An integer over the interpreter's digit limit, which only explain's canonical body
+        # holds: a number written with a fraction or an exponent but whole, re-encoded as an
+        # integer (1.000e16380 as 1 and 16,380 zeros), as jsonb stores it too. (A body with a
+        # run of digits that long skips the first pass; explain refuses such an integer.)
+        return metadata(_PARSE_LONG_INTEGERS(bytes(raw).decode()))
     if value is None:
         return None
     if type(value) is not dict:

@@ -25,6 +25,7 @@ from bulk_recorder.records.contract import (
     MAX_ANNOTATION_REASON_LEN,
     MAX_CREDITOR_LEN,
     MAX_DESCRIPTION_LEN,
+    MAX_METADATA_EXPONENT,
     MAX_OPERATIONS,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "CreditAnnotationIn",
     "OperationIn",
     "TransactionIn",
+    "json_number",
 ]
 
 # msgspec patterns are searched, not matched: anchor both ends (\Z, since $ also matches before
@@ -205,8 +207,38 @@ BODY_DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     "transaction": msgspec.json.Decoder(TransactionIn),
     "credit_annotation": msgspec.json.Decoder(CreditAnnotationIn),
 }
-# Any JSON, every number with a fraction or exponent as an exact Decimal (never a float);
+
+
+def json_number(text: str) -> Decimal:
+    """A JSON number with a fraction or an exponent, as msgspec hands it over (the text as
+    written, its syntax checked), as an exact Decimal: never a float.
+
+    An exponent PostgreSQL refuses as written, beyond MAX_METADATA_EXPONENT either way, gives
+    a zero with the first exponent it refuses (``0E+1073741823``, ``-0E-1073741823``): still a
+    Decimal (an amount so written is still "a float"), one that no metadata rule stores, and
+    no exception inside the parse, even for an exponent beyond Decimal's own range
+    (``1e99999999999999999999``). Decimal alone would take ``0.000e1073741823`` for
+    ``0e1073741820``, which PostgreSQL stores."""
+    cut = text.find("e")
+    if cut < 0:
+        cut = text.find("E")
+    # Fewer than 10 characters after the "e" cannot reach the bound.
+    if cut >= 0 and len(text) - cut > _EXPONENT_DIGITS:
+        digits = text[cut + 1 :].lstrip("+-").lstrip("0")
+        if len(digits) > _EXPONENT_DIGITS or (
+            len(digits) == _EXPONENT_DIGITS and digits > _MAX_EXPONENT_TEXT
+        ):
+            exponent = -_REFUSED_EXPONENT if text[cut + 1] == "-" else _REFUSED_EXPONENT
+            return Decimal((text[0] == "-", (0,), exponent))
+    return Decimal(text)
+
+
+_MAX_EXPONENT_TEXT: Final = str(MAX_METADATA_EXPONENT)
+_EXPONENT_DIGITS: Final = len(_MAX_EXPONENT_TEXT)
+_REFUSED_EXPONENT: Final = MAX_METADATA_EXPONENT + 1
+
+# Any JSON, every number with a fraction or exponent as an exact Decimal (json_number);
 # integers stay int (msgspec refuses the ones over sys.get_int_max_str_digits(), as int() does).
-PARSE: Final = msgspec.json.Decoder(float_hook=Decimal).decode
+PARSE: Final = msgspec.json.Decoder(float_hook=json_number).decode
 # Compact JSON, UTF-8 kept as is, a Decimal written digit for digit as a number.
 ENCODE: Final = msgspec.json.Encoder(decimal_format="number").encode

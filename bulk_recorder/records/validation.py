@@ -187,8 +187,10 @@ def _nests_too_deep(wire: Any) -> bool:
     """False when a body that passed the strict pass cannot nest deeper than MAX_DEPTH: it has
     no unknown field, so only a transaction's metadata (level 2) nests past its operations
     (levels 2 and 3), and the metadata cannot reach level MAX_DEPTH + 1 with fewer than
-    MAX_DEPTH opening brackets, nor so in fewer than twice as many bytes. (Brackets in strings
-    count too: explain's check_depth then walks the parsed JSON.)"""
+    MAX_DEPTH opening brackets, nor so in fewer than twice as many bytes: a level of arrays
+    takes 2 (``[]``), of objects 5 (``{"":`` and ``}``), so the fewest, ``{"":[[...]]}``, take
+    2 * MAX_DEPTH + 3. (Brackets in strings count too: explain's check_depth then walks the
+    parsed JSON.)"""
     if type(wire) is not StrictTransactionIn or len(wire.metadata) < 2 * MAX_DEPTH:
         return False
     metadata = bytes(wire.metadata)

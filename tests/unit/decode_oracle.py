@@ -26,6 +26,7 @@ from bulk_recorder.records.contract import (
     MAX_DEPTH,
     MAX_DESCRIPTION_LEN,
     MAX_METADATA_BYTES,
+    MAX_METADATA_EXPONENT,
     MAX_METADATA_FRACTION_DIGITS,
     MAX_METADATA_INTEGER_DIGITS,
     MAX_OPERATIONS,
@@ -128,12 +129,25 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _json_number(text: str) -> Decimal:
+    """A JSON number with a fraction or exponent as a Decimal. PostgreSQL reads the exponent
+    as written and refuses one beyond MAX_METADATA_EXPONENT either way, even on a zero (and
+    Decimal cannot hold 1e99999999999999999999): such a number becomes a zero with the first
+    exponent refused, which the metadata rule refuses and an amount calls a float."""
+    mantissa, _, exponent = text.upper().partition("E")
+    written = exponent.lstrip("+-").lstrip("0")
+    if len(written) > len(str(MAX_METADATA_EXPONENT)) or int(written or 0) > MAX_METADATA_EXPONENT:
+        refused = MAX_METADATA_EXPONENT + 1
+        return Decimal((mantissa[0] == "-", (0,), -refused if exponent[0] == "-" else refused))
+    return Decimal(text)
+
+
 # Prebuilt: json.loads/json.dumps with keyword arguments build a new decoder/encoder per call.
 # JSON numbers with a fraction or exponent become Decimal, never float: a float would round
 # metadata such as 0.30000000000000000001 silently (PostgreSQL's jsonb keeps it exact), and an
 # amount given as a JSON number is refused anyway. The hook runs only for such tokens.
 _JSON_DECODE: Final[Callable[[str], Any]] = json.JSONDecoder(
-    parse_constant=_reject_constant, parse_float=Decimal
+    parse_constant=_reject_constant, parse_float=_json_number
 ).decode
 # Compact, UTF-8 kept as is; allow_nan=False turns an overflowed number (inf) into ValueError.
 _METADATA_ENCODE: Final[Callable[[Any], str]] = json.JSONEncoder(
@@ -393,7 +407,11 @@ def _exact_json(value: Any) -> str:
         point = int(exp or 0) - len(fraction)  # value: (digits + fraction) * 10**point
         significant = (digits + fraction).lstrip("0")
         whole = max(0, len(significant) + point) if significant else 0
-        if -point > MAX_METADATA_FRACTION_DIGITS or whole > MAX_METADATA_INTEGER_DIGITS:
+        if (
+            -point > MAX_METADATA_FRACTION_DIGITS
+            or whole > MAX_METADATA_INTEGER_DIGITS
+            or point > MAX_METADATA_EXPONENT  # a zero: PostgreSQL bounds its exponent too
+        ):
             _fail(
                 "",
                 "metadata",

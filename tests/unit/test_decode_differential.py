@@ -157,6 +157,11 @@ RAW_TOKENS = [
     "[1,,2]",
     "tru",
     "",
+    "0e1073741822",  # PostgreSQL bounds an exponent as written, even a zero's
+    "0.000e1073741823",
+    "-0e-1073741823",
+    "1e99999999999999999999",  # beyond Decimal's exponents
+    "-1.5E-99999999999999999999",
 ]
 
 scalars = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -346,6 +347,49 @@ def test_nesting_inside_an_operation_counts_the_operation(levels: int, accepted:
         assert decode_tx(body).operations[0].id == OP1_ID
     else:
         assert reason(enc(body), "transaction") == "JSON nesting deeper than 32 levels"
+
+
+def _fewest_bytes(levels: int, shape: str) -> bytes:
+    """The smallest compact metadata whose innermost level is ``levels`` deep in the body (the
+    body is level 1, the metadata object level 2): an array level takes 2 bytes (``[]``), an
+    object level 5 (``{"":`` and ``}``), or 2 for the innermost ``{}``."""
+    pattern = {"arrays": "[", "objects": "{", "mixed": "[{"}[shape]
+    kinds = "{" + "".join(pattern[i % len(pattern)] for i in range(levels - 2))
+    node = b""
+    for kind in reversed(kinds):
+        if kind == "[":
+            node = b"[" + node + b"]"
+        elif node:
+            node = b'{"":' + node + b"}"
+        else:
+            node = b"{}"
+    return node
+
+
+def test_fewest_bytes_of_33_levels() -> None:
+    """The depth check's fast path skips metadata under 2 * 32 bytes: 33 levels take 67 in
+    arrays, 157 in objects."""
+    assert len(_fewest_bytes(33, "arrays")) == 67
+    assert _fewest_bytes(5, "arrays") == b'{"":[[[]]]}'
+    assert _fewest_bytes(4, "objects") == b'{"":{"":{}}}'
+    assert _fewest_bytes(5, "mixed") == b'{"":[{"":[]}]}'
+    assert [len(_fewest_bytes(33, shape)) for shape in ("objects", "mixed")] == [157, 112]
+
+
+@pytest.mark.parametrize("shape", ["arrays", "objects", "mixed"])
+@pytest.mark.parametrize(("levels", "accepted"), [(31, True), (32, True), (33, False), (40, False)])
+@pytest.mark.parametrize("unknown_field", [False, True], ids=["first-pass", "explain"])
+def test_metadata_nesting_at_the_bound_in_the_fewest_bytes(
+    shape: str, levels: int, accepted: bool, unknown_field: bool
+) -> None:
+    """32 levels in the whole body, however few the bytes: metadata of 33 levels in arrays, 67
+    bytes, was recorded when the fast path's byte bound assumed object levels (5 bytes each)."""
+    metadata = _fewest_bytes(levels, shape)
+    body = _with_metadata(metadata, unknown_field=unknown_field)
+    if accepted:
+        assert decode(body, "transaction").metadata == metadata.decode()  # type: ignore[union-attr]
+    else:
+        assert reason(body) == "JSON nesting deeper than 32 levels"
 
 
 def test_nesting_beyond_parser_recursion_limit() -> None:
@@ -891,11 +935,109 @@ def test_metadata_numbers_are_kept_exactly(raw: bytes, stored: str) -> None:
     assert json.loads(record.metadata, parse_float=Decimal) == json.loads(raw, parse_float=Decimal)
 
 
+NUMBER_OUT_OF_RANGE = (
+    "metadata: number out of range (at most 131072 digits before the point and 16383 after)"
+)
+
+
 def test_metadata_number_with_absurd_exponent_rejected() -> None:
     body = enc(tx(metadata="__M__")).replace(b'"__M__"', b'{"x": 1e999999}')
-    assert reason(body) == (
-        "metadata: number out of range (at most 131072 digits before the point and 16383 after)"
-    )
+    assert reason(body) == NUMBER_OUT_OF_RANGE
+
+
+def _with_metadata(raw: bytes, *, unknown_field: bool) -> bytes:
+    """A transaction whose metadata is ``raw``; with an unknown field, which fails the first
+    pass (it refuses unknown fields), so that explain's parse reads the metadata."""
+    body = tx(metadata="__M__")
+    if unknown_field:
+        body["note"] = 1
+    return enc(body).replace(b'"__M__"', raw)
+
+
+# Where a metadata number sits: an object, an array, arrays and objects mixed.
+NUMBER_PLACES = ['{"x": %s}', '{"x": [%s]}', '{"x": [1, {"y": [[%s]]}]}']
+# Exponents beyond Decimal's own range (Emax 999999999999999999): each sign of exponent and of
+# mantissa, zeros, and an exponent of 5,000 digits (a digit run that long skips the first pass).
+BEYOND_DECIMAL = [
+    "1e99999999999999999999",
+    "-1e99999999999999999999",
+    "1E-99999999999999999999",
+    "-1.5e-99999999999999999999",
+    "0e99999999999999999999",
+    "-0.000E+99999999999999999999",
+    "0e-99999999999999999999",
+    "1e" + "9" * 5000,
+]
+
+
+@pytest.mark.parametrize("number", BEYOND_DECIMAL, ids=lambda n: n[:26])
+@pytest.mark.parametrize("place", NUMBER_PLACES, ids=["object", "array", "mixed"])
+@pytest.mark.parametrize("unknown_field", [False, True], ids=["first-pass", "explain"])
+def test_metadata_exponent_beyond_decimal_is_out_of_range_not_a_bug(
+    number: str, place: str, unknown_field: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once ``internal error while decoding: InvalidOperation`` and a WARNING per message: the
+    reason meant for a bug. It is the documented reason, and nothing is logged."""
+    body = _with_metadata((place % number).encode(), unknown_field=unknown_field)
+    with caplog.at_level(logging.WARNING):
+        assert reason(body) == NUMBER_OUT_OF_RANGE
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+# (number, whether PostgreSQL 15 stores it): the exponent as written is bounded at
+# 1,073,741,822 either way, zeros included (tests/integration/test_metadata_numbers.py puts
+# the same kind of numbers to the server).
+EXPONENT_BOUND = [
+    ("0e1073741822", True),
+    ("0e1073741823", False),
+    ("0e1073741824", False),
+    ("-0E+1073741822", True),
+    ("-0E+1073741823", False),
+    ("0.000e1073741822", True),  # Decimal reads 0E+1073741819: the exponent as written counts
+    ("0.000e1073741823", False),
+    ("0.0e1073741824", False),
+    ("0e+0001073741822", True),
+    ("0e00000000000000000001073741823", False),
+    ("0.000e-16380", True),  # a zero's negative exponent is bounded by its scale, sooner
+    ("0.000e-16381", False),
+    ("0e-1073741822", False),
+    ("0e-1073741823", False),
+    ("1e1073741822", False),
+    ("1e-1073741823", False),
+]
+
+
+@pytest.mark.parametrize(("number", "stored"), EXPONENT_BOUND)
+@pytest.mark.parametrize("place", NUMBER_PLACES, ids=["object", "array", "mixed"])
+@pytest.mark.parametrize("unknown_field", [False, True], ids=["first-pass", "explain"])
+def test_metadata_exponent_bounded_as_postgresql_reads_it(
+    number: str, stored: bool, place: str, unknown_field: bool
+) -> None:
+    """``0e1073741823`` once passed (zero has no digits to count) and PostgreSQL refused it
+    on every delivery: 202 from the API, then the DLQ."""
+    body = _with_metadata((place % number).encode(), unknown_field=unknown_field)
+    if stored:
+        assert decode(body, "transaction").metadata is not None  # type: ignore[union-attr]
+    else:
+        assert reason(body) == NUMBER_OUT_OF_RANGE
+
+
+@pytest.mark.parametrize("place", NUMBER_PLACES, ids=["object", "array", "mixed"])
+def test_metadata_whole_number_written_with_a_long_fraction_is_kept(place: str) -> None:
+    """A run of 16,380 digits sends the body to explain, whose canonical body writes
+    1.000...e16380 as the integer it is (as jsonb stores it), past the interpreter's digit
+    limit: once ``internal error while decoding: ValidationError``."""
+    number = "1." + "0" * 16_380 + "e16380"
+    for unknown_field in (False, True):
+        body = _with_metadata((place % number).encode(), unknown_field=unknown_field)
+        record = decode(body, "transaction")
+        assert isinstance(record, Transaction)
+        assert record.metadata == (place % ("1" + "0" * 16_380)).replace(" ", "")
+
+
+def test_an_amount_with_an_exponent_beyond_decimal_is_a_float() -> None:
+    body = enc(tx(amount="__A__")).replace(b'"__A__"', b"1e99999999999999999999")
+    assert reason(body) == "amount: must be a decimal string or integer, not a float"
 
 
 def test_metadata_size_limit() -> None:

@@ -19,7 +19,7 @@ from pydantic_settings import SettingsConfigDict
 from bulk_recorder.api_settings import ApiSettings
 from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
 from bulk_recorder.masking import masked
-from bulk_recorder.otel_settings import OtelSettings
+from bulk_recorder.otel_settings import NEVER_SHOWN, OtelSettings
 from bulk_recorder.relay_settings import RelaySettings
 from bulk_recorder.retention_settings import RetentionSettings
 
@@ -348,6 +348,7 @@ def load_settings(**overrides: object) -> Settings:
             if name.lower() in from_files:
                 name += "_FILE"
             value = error.get("input")
-            shown = "" if isinstance(value, dict) else f" (got {value!r})"
+            secret = name.lower() in NEVER_SHOWN
+            shown = "" if isinstance(value, dict) or secret else f" (got {value!r})"
             problems.append(masked(f"{name}: {error['msg']}{shown}"))
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None

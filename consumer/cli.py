@@ -22,11 +22,14 @@ from bulk_recorder.exceptions import (
 )
 from consumer import healthcheck
 from consumer.arguments import (
+    DOCS_URL,
     HelpfulParser,
     add_dlq_parser,
     add_load_parsers,
     confirmed,
+    documented,
     positive_int,
+    positive_seconds,
     role_prefix,
 )
 
@@ -139,9 +142,6 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     if args.dlq_command == "discard":
         confirm = (lambda question: True) if args.yes else confirmed
         return run_async(discard_dlq(settings, args.reason, confirm, samples=args.samples))
-    if args.json and not args.dry_run:
-        print("bulk-recorder dlq: --json needs --dry-run (it shows a plan)", file=sys.stderr)
-        return 2
     return run_async(
         replay_dlq(
             settings,
@@ -201,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = HelpfulParser(
         prog="bulk-recorder",
         description="RabbitMQ -> PostgreSQL bulk recorder. Settings come from the environment.",
+        epilog=EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {describe()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -234,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     relay.add_argument(
         "--poll-interval",
-        type=float,
+        type=positive_seconds,
         default=None,
         help="seconds between polls without NOTIFY (default: RELAY_POLL_INTERVAL_S, 1.0)",
     )
@@ -244,7 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
     partitions_tool.add_parser(sub)
     tune.add_parser(sub)
     healthcheck.add_parser(sub)
+    documented(parser)
     return parser
+
+
+EPILOG = f"""example:
+  bulk-recorder migrate && bulk-recorder consume   # the tables, then record until SIGTERM
+  bulk-recorder dlq inspect                        # what was dead-lettered, and why
+
+Each command's --help says what it does. Settings come from the environment: docs/settings.md; \
+commands, exit codes, queues and metrics: docs/reference.md. Documentation: {DOCS_URL}"""
 
 
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
@@ -264,9 +274,13 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
+    if not words:  # nothing asked: the help, as a usage error (on stderr, exit 2)
+        build_parser().print_help(sys.stderr)
+        return EXIT_SETTINGS
     if words[:1] == ["healthcheck"]:  # its own parser, the standard library only: exit 0 or 1
-        parser = argparse.ArgumentParser(prog="bulk-recorder")
+        parser = HelpfulParser(prog="bulk-recorder")
         healthcheck.add_parser(parser.add_subparsers(dest="command", required=True))
+        documented(parser)
         return healthcheck.cmd_healthcheck(parser.parse_args(words), os.environ)
     args = build_parser().parse_args(words)
     try:
@@ -287,6 +301,7 @@ def _run(args: argparse.Namespace) -> int:
     from bulk_recorder.infra import tracing
     from bulk_recorder.infra.logs import setup_logging
     from bulk_recorder.infra.reach import Unreachable, check_services, check_tls
+    from bulk_recorder.unknown_settings import warn_unknown_settings
     from consumer.failures import failure_line
     from consumer.runner import run_async
     from consumer.tools.local_only import LOAD_COMMANDS, refuse_remote_targets
@@ -295,6 +310,7 @@ def _run(args: argparse.Namespace) -> int:
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
     logging.getLogger(__name__).info("bulk-recorder %s: %s", describe(), args.command)
+    warn_unknown_settings(os.environ)  # a misspelt variable: one line naming the real one
     if args.command in LOAD_COMMANDS and not args.allow_remote:
         refuse_remote_targets(args.command, settings)  # before anything is reached
     one_shot = args.command in ONE_SHOT_NEEDS

@@ -34,6 +34,7 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
 
     from bulk_recorder.infra.stop_budget import Deadline, stop_budget
     from bulk_recorder.producer.api import create_app
+    from bulk_recorder.producer.api.asgi import uvicorn_loggers
     from consumer.runner import run_async
 
     class Server(uvicorn.Server):
@@ -57,7 +58,7 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
         lifespan="on",
-        log_config=None,  # keep the service's logging set-up
+        log_config=None,  # keep the service's logging set-up; its lines under "uvicorn":
         access_log=False,  # one line a request would cost more than the request; see /metrics
         server_header=False,
         timeout_graceful_shutdown=int(budget.step("requests")),
@@ -65,6 +66,7 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
         # (as ASGI asks), so /docs, its assets and openapi.json resolve under it
         root_path=settings.api_root_path,
     )
+    uvicorn_loggers()
     server = Server(config, deadline)
     # Bound here, before uvicorn starts: a taken port is one line naming API_PORT and exit 2
     # (uvicorn would log the OSError and exit 1).

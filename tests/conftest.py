@@ -392,6 +392,35 @@ def run_cli(
     )
 
 
+def run_cli_on_terminal(
+    args: list[str], env: dict[str, str], typed: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``run_cli`` with a terminal (a pseudo-terminal) as standard input, ``typed`` on it ahead:
+    the CLI asks its questions only on a terminal."""
+    import pty
+
+    main, child = pty.openpty()
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-m", "consumer.cli", *args],
+            cwd=REPO,
+            env=env,
+            stdin=child,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:
+            os.close(child)
+            child = -1
+            os.write(main, typed.encode())
+            out, err = process.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    finally:
+        os.close(main)
+        if child >= 0:
+            os.close(child)
+
+
 @pytest.fixture
 async def lock_log_server(tmp_path: Path) -> AsyncIterator[Any]:
     """A private PostgreSQL that logs every lock wait over 1 ms (tests/rigs/lock_log_server.py);

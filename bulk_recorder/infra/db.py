@@ -41,6 +41,39 @@ async def keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
+class DatabaseWait:
+    """One line per change of state while a process waits for its database, as for the broker
+    (:class:`bulk_recorder.infra.reconnect.OutageLog`): the first failure a WARNING, each retry
+    after it a DEBUG line, the first success after it one INFO line."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.failures = 0
+
+    def unreachable(self, exc: BaseException) -> None:
+        if self.failures == 0:
+            log.warning("database at %s not reachable yet (%r); retrying", self.where, exc)
+        else:
+            log.debug("database at %s still not reachable (%r)", self.where, exc)
+        self.failures += 1
+
+    def refused(self, exc: MigrationRefused) -> None:
+        """Reachable, but this login may not migrate: the owner's migrate may be on its way."""
+        if self.failures == 0:
+            log.warning("%s; retrying", exc)
+        else:
+            log.debug("%s; still waiting", exc)
+        self.failures += 1
+
+    def up(self) -> None:
+        if self.failures:
+            log.info(
+                "database at %s reachable again after %d failed attempts",
+                self.where,
+                self.failures,
+            )
+
+
 CUSTOM_PLANS = {"plan_cache_mode": "force_custom_plan"}
 
 
@@ -67,10 +100,11 @@ async def open_pool_when_ready(
     ``tried`` is set once the first attempt is over, whatever its outcome.
     """
     attempt = 0
+    waiting = DatabaseWait(endpoint(dsn))
     while not stop.is_set():
         try:
             await migrate(dsn)
-            return await asyncpg.create_pool(
+            pool = await asyncpg.create_pool(
                 dsn,
                 min_size=1,
                 max_size=max_size,
@@ -81,14 +115,17 @@ async def open_pool_when_ready(
                 # traced: each statement run inside a recorded span becomes a child span
                 init=tracing.watch_queries if tracing.active() else None,
             )
+            waiting.up()
+            return pool
         except MigrationEdited:  # retrying cannot help: the schema is not the code's
             raise
         except MigrationRefused as exc:  # the owner's migrate may be on its way: wait for it
-            log.warning("%s; retrying", exc)
+            waiting.refused(exc)
         except DB_ERRORS as exc:
-            log.warning("database at %s not reachable yet (%r); retrying", endpoint(dsn), exc)
+            waiting.unreachable(exc)
         except Exception:  # a surprise from the driver must not end the service
             log.exception("unexpected error while connecting to the database; retrying")
+            waiting.failures += 1
         finally:
             if tried is not None:
                 tried.set()

@@ -83,10 +83,8 @@ def configure(settings: Settings, role: str) -> bool:
     url = settings.otel_traces_url
     if url is None:
         return False
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from bulk_recorder import __version__
     from bulk_recorder.otel_settings import resource_attributes
@@ -106,16 +104,7 @@ def configure(settings: Settings, role: str) -> bool:
         resource=Resource(attributes),
         span_limits=SpanLimits(max_links=MAX_LINKS),
     )
-    exporter = OTLPSpanExporter(endpoint=url, timeout=10)
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            exporter,
-            max_queue_size=8192,  # spans waiting; past it the SDK drops (and counts) them
-            schedule_delay_millis=2000,
-            max_export_batch_size=512,
-            export_timeout_millis=30_000,
-        )
-    )
+    provider.add_span_processor(_processor(settings, url))
     _provider = provider
     _tracer = provider.get_tracer("bulk_recorder", __version__)
     log.info(
@@ -125,6 +114,35 @@ def configure(settings: Settings, role: str) -> bool:
         f" ({_ratio(settings)})" if settings.otel_traces_sampler in _RATIO_SAMPLERS else "",
     )
     return True
+
+
+def _processor(settings: Settings, url: str) -> Any:
+    """The batch span processor and its OTLP/HTTP exporter. Every value comes from the settings
+    (the OTEL_EXPORTER_OTLP_* and OTEL_BSP_* variables, validated there): nothing is left for
+    the SDK to read, or to warn about, on its own."""
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from bulk_recorder.otel_settings import otlp_options
+
+    options = otlp_options(settings)
+    exporter = OTLPSpanExporter(
+        endpoint=url,
+        headers=options.headers,
+        compression=Compression(options.compression),
+        timeout=options.timeout_s,
+        certificate_file=options.certificate,
+        client_key_file=options.client_key,
+        client_certificate_file=options.client_certificate,
+    )
+    return BatchSpanProcessor(
+        exporter,
+        max_queue_size=settings.otel_bsp_max_queue_size,  # past it spans are dropped
+        schedule_delay_millis=settings.otel_bsp_schedule_delay,
+        max_export_batch_size=settings.otel_bsp_max_export_batch_size,
+        export_timeout_millis=settings.otel_bsp_export_timeout,
+    )
 
 
 def _ratio(settings: Settings) -> float:

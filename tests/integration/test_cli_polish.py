@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import free_port, run_cli, settings_env
+from tests.conftest import free_port, run_cli, run_cli_on_terminal, settings_env
 
 pytestmark = [pytest.mark.postgres]
 
@@ -21,7 +21,7 @@ def test_api_key_list_json_and_a_revoke_of_several_keys_asks_first(make_settings
     assert sorted(k["client"] for k in listed) == ["other", "shop", "shop"]
     assert {"id", "prefix", "scopes", "created_at", "revoked_at"} <= set(listed[0])
 
-    declined = run_cli(["api-key", "revoke", "shop"], env, answer="n\n")
+    declined = run_cli_on_terminal(["api-key", "revoke", "shop"], env, typed="n\n")
     assert declined.returncode == 1, declined.stderr
     assert "revoke all 2 live keys of client 'shop'?" in declined.stdout
     assert all(

@@ -22,7 +22,7 @@ import pytest
 from consumer.tools.dlq import discard_dlq, inspect_dlq, replay_dlq
 from consumer.tools.dlq_groups import reason_group
 from consumer.tools.generator import Generator, dump
-from tests.conftest import Broker, wait_for
+from tests.conftest import Broker, run_cli_on_terminal, wait_for
 from tests.faults.conftest import REPO, settings_env
 from tests.integration.dlq_support import dlq_contents
 
@@ -253,17 +253,19 @@ async def test_cli_dlq_by_reason(make_settings, broker: Broker) -> None:
     refused = await asyncio.to_thread(cli, "replay", "--json")
     assert refused.returncode == 2, refused  # --json only shows a plan: it needs --dry-run
     assert "--json needs --dry-run" in refused.stderr
-    declined = await asyncio.to_thread(cli, "discard", "--reason", "invalid JSON", stdin="n\n")
+    discard = ["dlq", "discard", "--reason", "invalid JSON"]
+    declined = await asyncio.to_thread(run_cli_on_terminal, discard, env, "n\n")
     assert declined.returncode == 1, declined
     assert "nothing discarded" in declined.stdout
-    no_answer = await asyncio.to_thread(cli, "discard", "--reason", "invalid JSON")
-    assert no_answer.returncode == 1, no_answer  # no terminal, no --yes: nothing removed
+    no_answer = await asyncio.to_thread(cli, "discard", "--reason", "invalid JSON", stdin="y\n")
+    assert no_answer.returncode == 2, no_answer  # no terminal, no --yes: nothing read or removed
+    assert "pass --yes" in no_answer.stderr
     assert [c[0] for c in await dlq_contents(broker, settings.dead_letter_queue)] == [
         b"0",
         b"1",
         b"2",
     ]
-    confirmed = await asyncio.to_thread(cli, "discard", "--reason", "invalid JSON", stdin="y\n")
+    confirmed = await asyncio.to_thread(run_cli_on_terminal, discard, env, "y\n")
     assert confirmed.returncode == 0, confirmed
     assert "discarded 2 of 3" in confirmed.stdout
     assert [c[0] for c in await dlq_contents(broker, settings.dead_letter_queue)] == [b"1"]

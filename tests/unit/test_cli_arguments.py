@@ -30,7 +30,8 @@ def test_a_count_or_timeout_of_0_is_refused_and_1_is_taken(
         with pytest.raises(SystemExit) as refused:
             parse([command, option, bad])
         assert refused.value.code == 2
-        assert f"argument {option}: must be >= 1" in capsys.readouterr().err
+        expected = f"argument {option}: expected a whole number of 1 or more, got '{bad}'"
+        assert expected in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option", ["--duplicates", "--invalid"])
@@ -45,4 +46,4 @@ def test_a_fraction_runs_from_0_to_1_both_included(
         with pytest.raises(SystemExit) as refused:
             parse(["publish", option, bad])
         assert refused.value.code == 2
-        assert "must be between 0 and 1" in capsys.readouterr().err
+        assert f"expected a number from 0 to 1, got '{bad}'" in capsys.readouterr().err

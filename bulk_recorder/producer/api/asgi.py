@@ -1,7 +1,9 @@
-"""What the API's two pure ASGI middlewares share: the ASGI types and the response status seen."""
+"""What the API's two pure ASGI middlewares share: the ASGI types and the response status seen;
+and how uvicorn, which serves them, names its log lines."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -26,3 +28,26 @@ class StatusSeen:
         if message["type"] == "http.response.start":
             self.status = int(message["status"])
         await self._send(message)
+
+
+# The logger uvicorn writes all its own lines under, failures and lifecycle alike.
+UVICORN_ERROR = "uvicorn.error"
+
+
+class _OurName(logging.Filter):
+    """Renames uvicorn's ``uvicorn.error`` records (its lifecycle lines too) to ``uvicorn``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == UVICORN_ERROR:
+            record.name = "uvicorn"
+        return True
+
+
+def uvicorn_loggers() -> None:
+    """uvicorn writes every line of its own, "Started server process" and "Application startup
+    complete" as much as a failure, under the logger ``uvicorn.error``: a log search for errors
+    would find each start and stop. Run with ``log_config=None`` (the service's handlers and
+    format), its lines come out under ``uvicorn``, each at its own level."""
+    logger = logging.getLogger(UVICORN_ERROR)
+    if not any(isinstance(f, _OurName) for f in logger.filters):
+        logger.addFilter(_OurName())

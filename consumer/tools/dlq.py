@@ -31,7 +31,10 @@ discard --reason R [--yes]
 Every pass takes at most the messages the DLQ held when it started, so a message the running
 recorder dead-letters again during a replay is not replayed in a loop (and its fingerprint has
 changed: a new reason header and time). What was dead-lettered while a pass read is read too,
-and given back behind the rest (:func:`consumer.tools.dlq_pass.hold_arrivals`).
+however much, and given back behind the rest (:func:`consumer.tools.dlq_pass.hold_arrivals`):
+past ``HOLD_ARRIVALS_MAX`` newcomers (100,000), or ``HOLD_ARRIVALS_S`` (60 s) of reading them,
+the command says on stderr that the DLQ's order is no longer assured, and exits 1 once its work
+is done.
 """
 
 from __future__ import annotations
@@ -140,9 +143,10 @@ async def _survey(
     samples: int,
     plan: Plan | None = None,
     limit: int | None = None,
-) -> Groups | None:
+) -> tuple[Groups, bool] | None:
     """One pass that moves nothing: the groups of the messages whose reason is ``wanted``;
-    the first ``limit`` of them (all by default) go into ``plan``, the messages shown."""
+    the first ``limit`` of them (all by default) go into ``plan``, the messages shown. With
+    them, whether the DLQ is back in its order (False: more arrived than the pass holds)."""
     connection = await connect(settings)
     if connection is None:
         return None
@@ -165,10 +169,10 @@ async def _survey(
                     groups.add(message.headers, message.timestamp, reason, shown)
                     if plan is not None and (limit is None or len(plan) < limit):
                         plan.add(message)
-            await hold_arrivals(queue, kept, total, total)
+            in_order = await hold_arrivals(queue, kept, total)
         finally:
             await kept.give_back()
-    return groups
+    return groups, in_order
 
 
 def _every(reason: str) -> bool:
@@ -183,16 +187,18 @@ def _of_group(group: str) -> Callable[[str], bool]:
 async def inspect_dlq(
     settings: Settings, samples: int = 3, out: TextIO | None = None, as_json: bool = False
 ) -> int:
-    """Print counts by reason group, first/last seen and samples; remove nothing."""
+    """Print counts by reason group, first/last seen and samples; remove nothing. Exit 1 also
+    when the DLQ could not be left in its order (stderr says why)."""
     out = out or sys.stdout
-    groups = await _survey(settings, _every, samples)
-    if groups is None:
+    surveyed = await _survey(settings, _every, samples)
+    if surveyed is None:
         return 1
+    groups, in_order = surveyed
     if as_json:
         print(json.dumps(groups.as_json(settings.dead_letter_queue), indent=2), file=out)
     else:
         print("\n".join(groups.lines(settings.dead_letter_queue)), file=out)
-    return 0
+    return 0 if in_order else 1
 
 
 async def _plan(
@@ -203,15 +209,16 @@ async def _plan(
     out: TextIO,
     limit: int | None = None,
     as_json: bool = False,
-) -> Plan | None:
+) -> tuple[Plan, bool] | None:
     """Show what ``action`` would take: how many messages (at most ``limit``), of which
-    groups (``as_json``: as one JSON document); the messages shown. None: the broker or the
-    DLQ could not be reached."""
+    groups (``as_json``: as one JSON document); the messages shown, and whether the DLQ is back
+    in its order. None: the broker or the DLQ could not be reached."""
     plan = Plan()
     wanted = _every if reason is None else _of_group(reason)
-    groups = await _survey(settings, wanted, samples, plan, limit)
-    if groups is None:
+    surveyed = await _survey(settings, wanted, samples, plan, limit)
+    if surveyed is None:
         return None
+    groups, in_order = surveyed
     which = "every reason" if reason is None else f"reason {reason_group(reason)!r}"
     count = len(plan)
     if as_json:
@@ -219,12 +226,12 @@ async def _plan(
         document["reason"] = None if reason is None else reason_group(reason)
         document |= groups.as_json(settings.dead_letter_queue)
         print(json.dumps(document, indent=2), file=out)
-        return plan
+        return plan, in_order
     first = "" if count == groups.total else f" (the first {count} of {groups.total})"
     print(f"would {action} {count} messages of {which}{first}", file=out)
     if groups.total:
         print("\n".join(groups.lines(settings.dead_letter_queue)[1:]), file=out)
-    return plan
+    return plan, in_order
 
 
 def _replay_to(settings: Settings) -> Callable[[aio_pika.abc.AbstractConnection], Awaitable[Take]]:
@@ -286,21 +293,24 @@ async def replay_dlq(
 ) -> int:
     """Move up to ``limit`` messages (all by default; with ``reason``, of that group only)
     back to the main exchange. With ``reason`` or ``dry_run``, first show what would move; a
-    dry run stops there. Returns the exit code (1 if a publish was refused)."""
+    dry run stops there. Returns the exit code (1 if a publish was refused, or the DLQ could
+    not be left in its order)."""
     out = out or sys.stdout
-    planned = None
+    planned, in_order = None, True
     if reason is not None or dry_run:
-        planned = await _plan(settings, "replay", reason, samples, out, limit, as_json and dry_run)
-        if planned is None:
+        shown = await _plan(settings, "replay", reason, samples, out, limit, as_json and dry_run)
+        if shown is None:
             return 1
+        planned, in_order = shown
         if dry_run:
             if not as_json:
                 print("dry run: nothing moved", file=out)
-            return 0
+            return 0 if in_order else 1
     done = Pass(_every if reason is None else _of_group(reason), plan=planned)
     if not await done.over(settings, _replay_to(settings), limit):
         return 1
-    return _report(settings, done, "replayed", f" to exchange {settings.rabbitmq_exchange}", out)
+    code = _report(settings, done, "replayed", f" to exchange {settings.rabbitmq_exchange}", out)
+    return code or int(not (in_order and done.in_order))
 
 
 async def discard_dlq(
@@ -314,11 +324,12 @@ async def discard_dlq(
     """Remove the messages of one reason group for good, after ``confirm`` (asked with the
     count shown): exactly those shown, so a message dead-lettered since is not removed unseen."""
     out = out or sys.stdout
-    planned = await _plan(settings, "discard", reason, samples, out)
-    if planned is None:
+    shown = await _plan(settings, "discard", reason, samples, out)
+    if shown is None:
         return 1
+    planned, in_order = shown
     if not planned:
-        return 0
+        return 0 if in_order else 1
     question = f"discard these {len(planned)} messages for good? [y/N] "
     if not await asyncio.to_thread(confirm, question):
         print("nothing discarded", file=out)
@@ -326,4 +337,4 @@ async def discard_dlq(
     done = Pass(_of_group(reason), plan=planned)
     if not await done.over(settings, _discard, None):
         return 1
-    return _report(settings, done, "discarded", "", out)
+    return _report(settings, done, "discarded", "", out) or int(not (in_order and done.in_order))

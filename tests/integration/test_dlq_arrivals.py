@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
+import aiormq
 import pytest
 
 from consumer.delivery import ERROR_HEADER
@@ -21,6 +24,7 @@ from consumer.tools import dlq_pass
 from consumer.tools.dlq import discard_dlq, inspect_dlq, replay_dlq
 from tests.conftest import Broker, wait_for
 from tests.faults.conftest import scale
+from tests.integration.dead_letter_flood import flood_id
 
 pytestmark = [pytest.mark.rabbitmq]
 
@@ -50,24 +54,24 @@ def dead_letter_message(message_id: str, why: str) -> aio_pika.Message:
     )
 
 
-async def fill(broker: Broker, queue: str) -> list[str]:
-    """SIZE messages in the DLQ, in a known order (one channel, no confirms, sequential)."""
+async def fill(broker: Broker, queue: str, size: int = SIZE) -> list[str]:
+    """``size`` messages in the DLQ, in a known order (one channel, no confirms, sequential)."""
     connection = await aio_pika.connect(broker.url)
     async with connection:
         channel = await connection.channel(publisher_confirms=False)
         exchange = await channel.get_exchange(broker.topology.dead_letter_exchange)
-        for n in range(SIZE):
+        for n in range(size):
             await exchange.publish(dead_letter_message(old_id(n), reason(n)), "transaction")
-        await wait_for(lambda: ready_is(broker, queue, SIZE), timeout=60)
-    return [old_id(n) for n in range(SIZE)]
+        await wait_for(lambda: ready_is(broker, queue, size), timeout=60)
+    return [old_id(n) for n in range(size)]
 
 
 async def ready_is(broker: Broker, queue: str, count: int) -> bool:
     return await broker.ready_count(queue) == count
 
 
-def batch(prefix: str) -> list[str]:
-    return [f"{prefix}-{n:03d}" for n in range(NEWCOMERS)]
+def batch(prefix: str, count: int = NEWCOMERS) -> list[str]:
+    return [f"{prefix}-{n:04d}" for n in range(count)]
 
 
 @dataclass
@@ -76,8 +80,8 @@ class Arrivals:
     one of ``on_read`` when a pass has read ``after`` messages (each pass opens its own queue
     object, and each gets the next batch), one of ``on_give_back`` when a pass starts giving
     its messages back, after ``copies`` (byte for byte copies of old messages, as a crash
-    between a dead letter's confirm and its ack makes). Deterministic: the pass waits for the
-    confirms."""
+    between a dead letter's confirm and its ack makes). Each batch is ``count`` newcomers.
+    Deterministic: the pass waits until the DLQ shows them."""
 
     broker: Broker
     queue: str
@@ -85,14 +89,22 @@ class Arrivals:
     on_give_back: list[str] = field(default_factory=list)
     copies: list[int] = field(default_factory=list)
     after: int = SIZE // 2
+    count: int = NEWCOMERS
     reads: dict[int, int] = field(default_factory=dict)
     sent: list[list[str]] = field(default_factory=list)
 
     async def arrive(self, prefix: str) -> None:
-        exchange = await self.broker.channel.get_exchange(self.broker.topology.dead_letter_exchange)
-        for message_id in batch(prefix):
-            await exchange.publish(dead_letter_message(message_id, TARGET), "transaction")
-        self.sent.append(batch(prefix))
+        """One batch, in order on one channel; back once the DLQ shows it (the pass waits)."""
+        ready = await self.broker.ready_count(self.queue)
+        connection = await aio_pika.connect(self.broker.url)
+        async with connection:
+            channel = await connection.channel(publisher_confirms=False)
+            exchange = await channel.get_exchange(self.broker.topology.dead_letter_exchange)
+            for message_id in batch(prefix, self.count):
+                await exchange.publish(dead_letter_message(message_id, TARGET), "transaction")
+            shown = ready + self.count
+            await wait_for(lambda: ready_is(self.broker, self.queue, shown), timeout=60)
+        self.sent.append(batch(prefix, self.count))
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         original_get = aio_pika.queue.Queue.get
@@ -335,3 +347,258 @@ async def test_discard_says_how_many_shown_messages_another_client_took(
     assert f"discarded {len(shown) - 10} of " in out.getvalue()
     assert "10 of the messages shown were no longer in the DLQ" in out.getvalue()
     assert await ids(broker, dlq) == [i for i in olds[15:] if i not in set(shown)]
+
+
+# -- a burst larger than the DLQ (issue 38) ------------------------------------------------------
+
+BURST_DLQ, BURST_AFTER, BURST = 200, 20, 2000
+
+
+async def test_inspect_keeps_a_burst_ten_times_the_dlq_behind_it(
+    make_settings,
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """200 dead letters; `dlq inspect` has read 20 when 2,000 more arrive (a recorder during a
+    bad producer deploy). They were held only up to the DLQ's size: 1,800 went ahead of every
+    old message, and a later `replay --limit N` took newcomers instead of the oldest."""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq, BURST_DLQ)
+    arrivals = Arrivals(broker, dlq, ["new"], after=BURST_AFTER, count=BURST)
+    arrivals.install(monkeypatch)
+    out = io.StringIO()
+    assert await inspect_dlq(settings, out=out) == 0
+    monkeypatch.undo()
+    assert f"dead-letter queue {dlq}: {BURST_DLQ} messages" in out.getvalue()
+    assert "order" not in capsys.readouterr().err
+    left = await ids(broker, dlq)
+    assert len(left) == BURST_DLQ + BURST
+    ahead = left.index(olds[0])
+    assert ahead == 0, f"{ahead} newcomers ahead of every old message"
+    assert left == olds + list(arrivals.newcomers())
+
+
+async def test_replay_with_a_limit_takes_the_oldest_after_a_burst_larger_than_the_dlq(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same burst while `replay --limit 10` reads: the 10 oldest are replayed, and the
+    others stay ahead of the 2,000 newcomers (each pass holds what arrives, not at most the
+    DLQ's size)."""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq, BURST_DLQ)
+    arrivals = Arrivals(broker, dlq, ["new"], after=BURST_AFTER, count=BURST)
+    arrivals.install(monkeypatch)
+    out = io.StringIO()
+    assert await replay_dlq(settings, 10, out=out) == 0
+    monkeypatch.undo()
+    assert f"replayed 10 of {BURST_DLQ} messages" in out.getvalue()
+    assert await ids(broker, settings.rabbitmq_queue) == olds[:10]
+    assert await ids(broker, dlq) == olds[10:] + list(arrivals.newcomers())
+
+
+# The ceiling set small: HOLD_ARRIVALS_MAX newcomers are held, one more is not.
+CEILING, CEILING_DLQ, CEILING_AFTER = 40, 20, 5
+
+
+@pytest.mark.parametrize("command", ["inspect", "dry-run", "replay", "discard"])
+@pytest.mark.parametrize("extra", [-1, 0, 1], ids=["ceiling-1", "ceiling", "ceiling+1"])
+async def test_the_hold_stops_at_its_ceiling_and_says_so(
+    make_settings,
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    extra: int,
+) -> None:
+    """Up to HOLD_ARRIVALS_MAX newcomers while a pass reads: all held, the DLQ in its order,
+    newcomers behind, exit 0. One more: the ceiling's worth is held, what is still ready goes
+    ahead of the DLQ, and the command says so on stderr and exits 1 (its work is done). A
+    discard's newcomers arrive while its survey reads."""
+    monkeypatch.setattr(dlq_pass, "HOLD_ARRIVALS_MAX", CEILING)
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq, CEILING_DLQ)
+    count = CEILING + extra
+    arrivals = Arrivals(broker, dlq, ["new"], after=CEILING_AFTER, count=count)
+    arrivals.install(monkeypatch)
+    out = io.StringIO()
+    stay = olds
+    if command == "inspect":
+        code = await inspect_dlq(settings, out=out)
+        assert f"dead-letter queue {dlq}: {CEILING_DLQ} messages" in out.getvalue()
+    elif command == "dry-run":
+        code = await replay_dlq(settings, out=out, reason=TARGET, dry_run=True)
+        assert "dry run: nothing moved" in out.getvalue()
+    elif command == "replay":
+        code = await replay_dlq(settings, 3, out=out)
+        assert f"replayed 3 of {CEILING_DLQ} messages" in out.getvalue()
+        assert await ids(broker, settings.rabbitmq_queue) == olds[:3]
+        stay = olds[3:]
+    else:
+        code = await discard_dlq(settings, TARGET, lambda question: True, out=out)
+        stay = [i for n, i in enumerate(olds) if reason(n) != TARGET]
+        assert f"discarded {CEILING_DLQ - len(stay)} of " in out.getvalue()
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    newcomers = list(arrivals.newcomers())
+    left = await ids(broker, dlq)
+    if extra <= 0:
+        assert code == 0
+        assert "order" not in err
+        assert left == stay + newcomers
+        return
+    assert code == 1
+    assert f"dead letters kept arriving while it read the DLQ, more than the {CEILING} it " in err
+    assert f"it gives {CEILING} of them back behind the DLQ's messages and leaves 1 still" in err
+    assert "the order of the DLQ is no longer assured" in err
+    assert left == newcomers[CEILING:] + stay + newcomers[:CEILING]
+
+
+@pytest.mark.parametrize("arriving", [0, 3])
+async def test_the_hold_stops_after_its_time_and_says_so(
+    make_settings,
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    arriving: int,
+) -> None:
+    """HOLD_ARRIVALS_S bounds the time a pass holds newcomers (a flood faster than its reads
+    would hold it until HOLD_ARRIVALS_MAX): set to 0, it holds none. With none arriving, the
+    DLQ is in its order, exit 0; with some, they are ahead of it and the command says so."""
+    monkeypatch.setattr(dlq_pass, "HOLD_ARRIVALS_S", 0.0)
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq, CEILING_DLQ)
+    arrivals = Arrivals(broker, dlq, ["new"], after=CEILING_AFTER, count=arriving)
+    arrivals.install(monkeypatch)
+    code = await inspect_dlq(settings, out=io.StringIO())
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    newcomers = list(arrivals.newcomers())
+    assert await ids(broker, dlq) == newcomers + olds
+    if not arriving:
+        assert (code, err) == (0, "")
+        return
+    assert code == 1
+    assert "dead letters kept arriving while it read the DLQ, for longer than 0 s: it " in err
+    assert "it gives 0 of them back behind the DLQ's messages and leaves 3 still ready" in err
+
+
+# -- dead letters during the give back (issue 38) ------------------------------------------------
+
+
+@pytest.mark.parametrize("each", [1, dlq_pass.GIVE_BACK_CHUNK], ids=["one", "a-chunks-worth"])
+async def test_dead_letters_during_the_give_back_never_hurry_it_out_of_order(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch, each: int
+) -> None:
+    """A give back waits, after each chunk's nack, until the DLQ's ready count is a chunk
+    higher than just before it; a dead letter arriving meanwhile raises that count too. Here
+    `each` dead letters (confirmed) arrive before every chunk's nack, after the count was read:
+    with a chunk's worth, every wait ends at its first poll, chunk applied or not.
+
+    The order holds all the same, and nothing is lost or doubled: the count is the quorum
+    queue's state after its log was applied, in order, so a newcomer counts only once every
+    command logged before it is applied, the chunk nacked before it included; and a wait ended
+    early lets one more chunk go, not the 32 unapplied returns past which the channel merges
+    them and they come back in an order of their own (kept-messages-nacked-back-in-a-burst).
+    The newcomers go ahead of the chunks not yet given back (docs/guarantees.md, Known limits)."""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq)
+    exchange = await broker.channel.get_exchange(broker.topology.dead_letter_exchange)
+    original_nack = aiormq.Channel.basic_nack
+    sent: list[list[str]] = []
+
+    async def nack(channel: aiormq.Channel, *args: Any, **kwargs: Any) -> Any:
+        ahead = batch(f"give-back-{len(sent):02d}", each)
+        for message_id in ahead:
+            await exchange.publish(dead_letter_message(message_id, TARGET), "transaction")
+        sent.append(ahead)
+        return await original_nack(channel, *args, **kwargs)
+
+    monkeypatch.setattr(aiormq.Channel, "basic_nack", nack)
+    assert await inspect_dlq(settings, out=io.StringIO()) == 0
+    monkeypatch.undo()
+    chunk = dlq_pass.GIVE_BACK_CHUNK
+    assert len(sent) == -(-SIZE // chunk)  # one batch before each chunk's nack
+    expected = [
+        i for n, ahead in enumerate(sent) for i in ahead + olds[n * chunk : (n + 1) * chunk]
+    ]
+    assert await ids(broker, dlq) == expected
+
+
+FLOODERS = 4
+
+
+async def start_flooders(broker: Broker) -> list[asyncio.subprocess.Process]:
+    """FLOODERS processes of tests/integration/dead_letter_flood.py, connected and waiting (at
+    full speed: not under PYTHONASYNCIODEBUG, which the test itself may run under)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
+    flooders = []
+    for k in range(FLOODERS):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.integration.dead_letter_flood",
+            broker.url,
+            broker.topology.dead_letter_exchange,
+            str(k),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        flooders.append(process)
+    for process in flooders:
+        assert process.stdout is not None
+        assert await asyncio.wait_for(process.stdout.readline(), 30) == b"ready\n"
+    return flooders
+
+
+async def test_a_flood_of_dead_letters_during_the_give_back_keeps_the_dlq_in_its_order(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dead letters published by other processes as fast as they can, without waiting for
+    confirms, from the give back's start to its end: many are on their way, logged but not yet
+    applied, when a count is read, so waits end before their chunk is applied. The DLQ's
+    messages come back in their order all the same, and every message is in the DLQ once.
+    (With the waits gone, a ready count read once after each nack, this flood reordered them.)"""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq)
+    flooders = await start_flooders(broker)
+    original_give_back = dlq_pass.Kept.give_back
+
+    async def give_back(kept: dlq_pass.Kept) -> None:
+        for process in flooders:
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
+        try:
+            await original_give_back(kept)
+        finally:
+            for process in flooders:
+                assert process.stdin is not None
+                process.stdin.close()
+
+    monkeypatch.setattr(dlq_pass.Kept, "give_back", give_back)
+    try:
+        assert await inspect_dlq(settings, out=io.StringIO()) == 0
+        counts = [int((await process.communicate())[0]) for process in flooders]
+    finally:
+        for process in flooders:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    monkeypatch.undo()
+    print(f"{sum(counts)} dead letters during a give back of {SIZE}")
+    # a chunk's worth during each wait or so, many of them on their way as a count is read
+    assert sum(counts) > SIZE // 2
+    await wait_for(lambda: ready_is(broker, dlq, SIZE + sum(counts)), timeout=60)
+    left = await ids(broker, dlq)
+    assert [i for i in left if i in set(olds)] == olds
+    for k, count in enumerate(counts):
+        mine = [flood_id(str(k), n) for n in range(count)]
+        assert [i for i in left if i and i.startswith(f"flood-{k}-")] == mine

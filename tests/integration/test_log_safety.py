@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from consumer.tools.generator import Generator
-from tests.conftest import Broker, free_port, run_cli, settings_env, wait_for
+from tests.conftest import REPO, Broker, free_port, run_cli, settings_env, wait_for
 from tests.integration.producer_support import provision_key, running_api
 from tests.otlp_receiver import OtlpReceiver
 
@@ -28,6 +28,7 @@ SECRET = "s3cr3t"
         "postgresql://app@db/x?password=s3cr3t&connect_timeout=0",  # a settings error (exit 2)
         "postgresql://app@127.0.0.1:1/x?password=s3cr3t",  # nothing listens: one line (exit 1)
         "postgresql://app:p@s3cr3t@127.0.0.1:1/x",
+        "postgresql://app@db/x?password=it's s3cr3t&connect_timeout=0",
     ],
 )
 def test_migrate_never_prints_a_password_from_database_url_file(tmp_path: Path, url: str) -> None:
@@ -39,6 +40,61 @@ def test_migrate_never_prints_a_password_from_database_url_file(tmp_path: Path, 
     assert done.stderr.strip(), done
     assert "Traceback" not in done.stderr
     assert SECRET not in done.stdout + done.stderr, done.stderr
+
+
+# The installed command, the tree under test first on its path (a mutant's scratch copy).
+BULK_RECORDER = Path(sys.executable).with_name("bulk-recorder")
+
+
+@pytest.mark.parametrize(
+    ("name", "command", "value"),
+    [
+        ("DATABASE_URL_FILE", "migrate", "postgresql://app:it's-s3cr3t@db/x?connect_timeout=0"),
+        ("DATABASE_URL_FILE", "migrate", """postgresql://app:'"s3cr3t @db/x?connect_timeout=0"""),
+        ("DATABASE_URL", "migrate", "postgresql://app:two s3cr3t@db/x?connect_timeout=0"),
+        ("DATABASE_URL", "migrate", "postgresql://app:tab\ts3cr3t@db/x?connect_timeout=0"),
+        ("DATABASE_URL", "migrate", "postgresql://app:a@s3cr3t@db/x?connect_timeout=0"),
+        ("DATABASE_URL", "migrate", "postgresql://app:a%40s3cr3t@db/x?connect_timeout=0"),
+        ("DATABASE_URL", "migrate", "postgresql://app:a/s3cr3t@db/x?connect_timeout=0"),
+        ("RABBITMQ_URL", "dlq inspect", "amqp://app:a#s3cr3t@h1:0/"),
+        ("RABBITMQ_URL", "dlq inspect", "amqp://app:a?s3cr3t@h1/,amqp://app:a?#s3cr3t@h2/"),
+        ("DATABASE_URL", "migrate", "postgresql://app@db/x?connect_timeout=0&Password=s 3cr3t"),
+        (
+            "RABBITMQ_URL_FILE",
+            "dlq inspect",
+            """amqp://app:pw"s3cr3t@h1/,amqp://app:pw"s3cr3t@h2:0/""",
+        ),
+        ("RABBITMQ_URL", "dlq inspect", "amqp://app:a s3cr3t@h1/,amqp://app:it's s3cr3t@h2:0/"),
+        ("RABBITMQ_URL", "dlq inspect", """amqp://app:'"\ts3cr3t@h1/,amqp://app:x@s3cr3t@h2:0/"""),
+    ],
+)
+def test_a_password_holding_quotes_spaces_or_at_never_leaves_the_cli(
+    tmp_path: Path, name: str, command: str, value: str
+) -> None:
+    """The real ``bulk-recorder``, given a URL whose password holds a quote, a space, a tab, an
+    ``@``, a ``/``, a ``#`` or a ``?`` (in a variable, in a ``*_FILE``, in a node list): one
+    line naming the variable, the settings' exit code, and no part of the password."""
+    assert BULK_RECORDER.exists(), f"{BULK_RECORDER}: run `make install`"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    if name.endswith("_FILE"):
+        (tmp_path / "secret").write_text(value + "\n")
+        env[name] = str(tmp_path / "secret")
+    else:
+        env[name] = value
+    done = subprocess.run(
+        [str(BULK_RECORDER), *command.split()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done
+    assert f"invalid settings: {name}:" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    for part in ("s3cr3t", "3cr3t", "s 3cr"):
+        assert part not in done.stdout + done.stderr, done.stderr
 
 
 # -- hostile trace headers and forged lines, against real processes ----------------------------

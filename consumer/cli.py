@@ -309,7 +309,9 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
-    logging.getLogger(__name__).info("bulk-recorder %s: %s", describe(), args.command)
+    if args.command in LONG_RUNNING_NEEDS:  # a role's first line; a one-shot command's output
+        # stays its own (its failure is one line)
+        logging.getLogger(__name__).info("bulk-recorder %s: %s", describe(), args.command)
     warn_unknown_settings(os.environ)  # a misspelt variable: one line naming the real one
     if args.command in LOAD_COMMANDS and not args.allow_remote:
         refuse_remote_targets(args.command, settings)  # before anything is reached

@@ -93,13 +93,16 @@ async def create_partitions(
     return [str(r[0]) for r in rows]
 
 
-async def coverage(conn: asyncpg.Connection, span: str) -> Coverage:
-    """How far ahead of now ``transactions`` is covered without a gap."""
+async def coverage(conn: asyncpg.Connection, span: str, at: datetime | None = None) -> Coverage:
+    """How far ahead of ``at`` (default: the database's now) ``transactions`` is covered
+    without a gap."""
     rows = await conn.fetch(
         "SELECT lower, upper FROM bulk_recorder_partitions('transactions'::regclass)"
         " ORDER BY lower NULLS FIRST"
     )
-    now_bound = await conn.fetchval("SELECT bulk_recorder_uuid_bound(now())")
+    now_bound = await conn.fetchval(
+        "SELECT bulk_recorder_uuid_bound(coalesce($1::timestamptz, now()))", at
+    )
     edge = None
     for lower, upper in rows:
         if (

@@ -10,13 +10,12 @@ does and how to choose the span: docs/operations.md, "Partitioned ledger tables"
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from settings import Settings
-
-SPAN_DAYS = {"day": 1, "week": 7, "month": 31}
 
 
 def add_parser(sub: Any) -> None:
@@ -42,7 +41,7 @@ def add_parser(sub: Any) -> None:
         type=_non_negative,
         default=2,
         metavar="N",
-        help="make partitions up to N spans past now",
+        help="make partitions for the span holding now and N spans past it",
     )
     part.add_argument(
         "--from",
@@ -61,7 +60,13 @@ def cmd_partitions(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(_run(settings, args))
 
 
-async def _run(settings: Settings, args: argparse.Namespace) -> int:
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _run(
+    settings: Settings, args: argparse.Namespace, clock: Callable[[], datetime] = _utc_now
+) -> int:
     from bulk_recorder.infra import partitions, pg_hosts
     from bulk_recorder.infra.migrate import migrate
 
@@ -76,11 +81,11 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
         if args.span and args.span != span:
             await conn.execute("UPDATE ledger_partitioning SET span = $1", args.span)
             span = args.span
-        now = datetime.now(UTC)
+        now = clock()
         start = min(args.start or now, now)
-        end = now + timedelta(days=SPAN_DAYS[span] * args.ahead)
+        end = covered_until(now, span, args.ahead)
         created = await partitions.create_partitions(conn, start, end, span)
-        state = await partitions.coverage(conn, span)
+        state = await partitions.coverage(conn, span, at=now)
     finally:
         await conn.close()
     for name in created:
@@ -91,6 +96,20 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
         f"covered without a gap until {until}"
     )
     return 0
+
+
+def covered_until(now: datetime, span: str, ahead: int) -> datetime:
+    """The end of the span holding ``now`` and ``ahead`` spans past it (UTC; a week starts on
+    Monday, a month is a calendar month): where the partitions a run makes end. Not ``now``
+    plus so many days: from a span's first instant that ends a span short (the end is
+    exclusive), and 31 days from the 31st of January end in March."""
+    day = datetime.combine(now.astimezone(UTC).date(), time(), tzinfo=UTC)
+    if span == "day":
+        return day + timedelta(days=1 + ahead)
+    if span == "week":
+        return day - timedelta(days=day.weekday()) + timedelta(weeks=1 + ahead)
+    months = day.year * 12 + day.month + ahead  # the month after today's, ``ahead`` more
+    return day.replace(year=months // 12, month=months % 12 + 1, day=1)
 
 
 def _non_negative(text: str) -> int:

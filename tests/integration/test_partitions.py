@@ -22,8 +22,11 @@ from bulk_recorder.infra import partitions
 from bulk_recorder.infra.ids import uuid7
 from bulk_recorder.infra.migrate import migrate
 from bulk_recorder.infra.roles import grant_roles, role_names
+from consumer.cli import build_parser
 from consumer.delivery import ERROR_HEADER
+from consumer.tools import partitions as partitions_command
 from consumer.tools.generator import Generator
+from settings import load_settings
 from tests.conftest import (
     Broker,
     Services,
@@ -359,3 +362,49 @@ async def test_the_command_partitions_an_empty_ledger_once_and_refuses_one_with_
         assert await conn.fetchval("SELECT count(*) FROM transactions") == 1
     finally:
         await conn.close()
+
+
+def _at(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+# (span, today as the run's clock reads it, the end of coverage after --ahead 1, 2 and 3): the
+# span holding today and that many spans past it, whatever the moment in today's span.
+AHEAD_CASES = [
+    ("day", "2030-06-15T13:45", ["2030-06-17", "2030-06-18", "2030-06-19"]),
+    ("day", "2030-06-15T00:00", ["2030-06-17", "2030-06-18", "2030-06-19"]),
+    ("day", "2030-06-15T23:59:59.999999", ["2030-06-17", "2030-06-18", "2030-06-19"]),
+    # a Sunday, the last day of its week (weeks start on Monday)
+    ("week", "2030-12-08T12:00", ["2030-12-16", "2030-12-23", "2030-12-30"]),
+    ("week", "2030-12-09T00:00", ["2030-12-23", "2030-12-30", "2031-01-06"]),
+    ("month", "2030-12-15T12:00", ["2031-02-01", "2031-03-01", "2031-04-01"]),
+    # the last day of a 31-day month, before a short one: spans, not 31 days
+    ("month", "2031-01-31T12:00", ["2031-03-01", "2031-04-01", "2031-05-01"]),
+    ("month", "2031-02-01T00:00", ["2031-04-01", "2031-05-01", "2031-06-01"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("span", "today", "until"), AHEAD_CASES, ids=[f"{c[0]}-{c[1]}" for c in AHEAD_CASES]
+)
+async def test_ahead_covers_the_span_holding_today_and_that_many_spans_past_it(
+    database_url: str, capsys: pytest.CaptureFixture[str], span: str, today: str, until: list[str]
+) -> None:
+    """``partitions --span S --ahead N`` run on a fixed day (its clock injected), with N one
+    less, equal to and one more than the default 2: the end of coverage is exact. A weekly run
+    that made days, not weeks, ahead left the next week without a partition after one late run,
+    and its records were dead-lettered."""
+    settings = load_settings(database_url=database_url)
+    now = _at(today)
+    for ahead, end in zip((1, 2, 3), until, strict=True):
+        args = build_parser().parse_args(
+            ["partitions", "--apply", "--span", span, "--ahead", str(ahead)]
+        )
+        assert await partitions_command._run(settings, args, clock=lambda: now) == 0
+        conn = await asyncpg.connect(database_url)
+        try:
+            state = await partitions.coverage(conn, span, at=now)
+        finally:
+            await conn.close()
+        assert state.until == _at(end), (span, today, ahead)
+        assert f"covered without a gap until {_at(end).isoformat()}" in capsys.readouterr().out

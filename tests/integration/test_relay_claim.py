@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -32,6 +33,7 @@ PUBLISHED = 20_000  # rows published (deleted) while a transaction holds back VA
 BACKLOG = 5_000
 BATCH = 500
 WINDOW = CLAIM_WINDOW * BATCH
+MS = timedelta(milliseconds=1)
 
 
 class Explaining:
@@ -202,3 +204,50 @@ async def test_the_outbox_is_vacuumed_after_a_fixed_number_of_dead_rows_at_full_
         "autovacuum_vacuum_scale_factor=0",
         "autovacuum_vacuum_threshold=10000",
     ]
+
+
+async def _refuse_for_now(conn: asyncpg.Connection, row_id: int, due_in: timedelta) -> None:
+    """Row ``row_id`` refused three times by the broker, due again ``due_in`` from now()."""
+    await conn.execute(
+        "UPDATE outbox SET attempts = 3, last_error = 'refused',"
+        " available_at = now() + $2 WHERE id = $1",
+        row_id,
+        due_in,
+    )
+
+
+@pytest.mark.postgres
+async def test_a_row_refused_for_now_is_not_claimed_before_its_retry_time(
+    database_url: str, db
+) -> None:
+    """Between two rows that are due, a refused row due in an hour is passed over: claimed
+    with them, a poison row would burn its attempts in seconds instead of backing off."""
+    await migrate(database_url)
+    conn = await db()
+    await _fill(conn, 3, 10)
+    first, refused, last = [r["id"] for r in await conn.fetch("SELECT id FROM outbox ORDER BY id")]
+    await _refuse_for_now(conn, refused, timedelta(hours=1))
+    async with conn.transaction():
+        claimed = [r["id"] for r in await claim(conn, ClaimCursor(), BATCH, WINDOW)]
+    assert claimed == [first, last]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("due_in", "claimed_now"),
+    [(-MS, True), (0 * MS, True), (MS, False)],
+    ids=["due-1-ms-ago", "due-now", "due-in-1-ms"],
+)
+async def test_a_refused_row_is_claimed_from_the_moment_its_retry_time_comes(
+    database_url: str, db, due_in: timedelta, claimed_now: bool
+) -> None:
+    """The boundary on the database's clock: now() is the transaction's start, so a row made
+    due in the claim's own transaction is due exactly then (or a millisecond either side)."""
+    await migrate(database_url)
+    conn = await db()
+    await _fill(conn, 3, 10)
+    first, refused, last = [r["id"] for r in await conn.fetch("SELECT id FROM outbox ORDER BY id")]
+    async with conn.transaction():
+        await _refuse_for_now(conn, refused, due_in)
+        claimed = [r["id"] for r in await claim(conn, ClaimCursor(), BATCH, WINDOW)]
+    assert claimed == ([first, refused, last] if claimed_now else [first, last])

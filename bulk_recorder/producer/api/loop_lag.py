@@ -14,10 +14,13 @@ __all__ = ["LAG_SAMPLE_S", "watch_loop_lag"]
 LAG_SAMPLE_S: Final = 0.05
 
 
-async def watch_loop_lag(lag: Histogram, stop: asyncio.Event) -> None:
-    """Observe the loop's lag every ``LAG_SAMPLE_S`` until ``stop`` is set."""
+async def watch_loop_lag(
+    lag: Histogram, stop: asyncio.Event, sample_s: float = LAG_SAMPLE_S
+) -> None:
+    """Observe the loop's lag every ``sample_s`` until ``stop`` is set: how late the timer ran,
+    never the sleep itself (an idle loop observes about 0)."""
     loop = asyncio.get_running_loop()
     while not stop.is_set():
-        due = loop.time() + LAG_SAMPLE_S
-        await asyncio.sleep(LAG_SAMPLE_S)
+        due = loop.time() + sample_s
+        await asyncio.sleep(sample_s)
         lag.observe(max(0.0, loop.time() - due))

@@ -22,6 +22,7 @@ from bulk_recorder.masking import masked
 from bulk_recorder.otel_settings import NEVER_SHOWN, OtelSettings
 from bulk_recorder.relay_settings import RelaySettings
 from bulk_recorder.retention_settings import RetentionSettings
+from bulk_recorder.url_checks import scheme_of, url_problem
 
 # PostgreSQL's bind-parameter limit per statement (a 16-bit counter in the wire protocol).
 PG_MAX_PARAMETERS = 65_535
@@ -165,7 +166,9 @@ class Settings(ApiSettings, RelaySettings, RetentionSettings, OtelSettings):
     def _postgres_scheme(cls, value: str) -> str:
         if not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("must be a postgresql:// URL")
-        problem = _tls_files_problem(value, ("sslrootcert", "sslcert", "sslkey", "sslcrl"))
+        problem = url_problem(value, strict_query=True) or _tls_files_problem(
+            value, ("sslrootcert", "sslcert", "sslkey", "sslcrl")
+        )
         if problem:
             raise ValueError(problem)
         hostspec = urlsplit(value).netloc.rpartition("@")[2]
@@ -266,17 +269,19 @@ def _amqp_url_problem(url: str) -> str:
     if not url:
         return "is empty"
     if not url.startswith(("amqp://", "amqps://")):
-        return f"does not start with amqp:// or amqps:// ({url.split('://')[0][:20]!r})"
+        scheme = scheme_of(url)  # only a scheme: without one, what leads may be a password
+        return (
+            f"does not start with amqp:// or amqps:// ({scheme!r})" if scheme else "has no scheme"
+        )
     if url.count("://") > 1:
         return "holds more than one URL (separate the nodes with commas)"
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        return f"cannot be parsed ({exc})"
+    problem = url_problem(url, strict_query=False)
+    if problem:
+        return problem
+    parts = urlsplit(url)
     if not parts.hostname:
         return "has no host"
-    if port == 0:
+    if parts.port == 0:
         return "has port 0"
     return ""
 
@@ -332,6 +337,17 @@ def _from_files(environ: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
+def _shown(field: str, value: object) -> bool:
+    """Whether a bad value is echoed: not a secret, nor a URL setting's without ``scheme://``
+    (for each node of a list), whose password masking could not tell from a host."""
+    if isinstance(value, dict) or field in NEVER_SHOWN:
+        return False
+    if field in SECRET_FILE_SETTINGS and isinstance(value, str):
+        urls = value.split(",") if field == "rabbitmq_url" else [value]
+        return all(scheme_of(url.strip()) for url in urls if url.strip())
+    return True
+
+
 def load_settings(**overrides: object) -> Settings:
     """Build the settings from the environment (plus explicit overrides); DATABASE_URL and
     RABBITMQ_URL may come from the files named by DATABASE_URL_FILE and RABBITMQ_URL_FILE.
@@ -344,11 +360,11 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            name = ".".join(str(part) for part in error["loc"]).upper() or "SETTINGS"
-            if name.lower() in from_files:
+            field = ".".join(str(part) for part in error["loc"]).lower()
+            name = field.upper() or "SETTINGS"
+            if field in from_files:
                 name += "_FILE"
             value = error.get("input")
-            secret = name.lower() in NEVER_SHOWN
-            shown = "" if isinstance(value, dict) or secret else f" (got {value!r})"
+            shown = f" (got {value!r})" if _shown(field, value) else ""
             problems.append(masked(f"{name}: {error['msg']}{shown}"))
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None

@@ -19,6 +19,7 @@ import aio_pika
 from bulk_recorder.exceptions import EXIT_TOPOLOGY, BulkRecorderError
 from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.masking import endpoint as endpoint  # for the callers that name it here
+from bulk_recorder.url_checks import UnreadableUrl
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ class BrokerNodes:
     async def connect(self, *, wait_s: float = 10) -> aio_pika.abc.AbstractConnection:
         """Connect to the first node that answers; raise the last node's error if none does.
 
-        ``wait_s`` bounds each node's connect (aio-pika's own timeout)."""
+        ``wait_s`` bounds each node's connect (aio-pika's own timeout). A node URL yarl cannot
+        parse raises :class:`UnreadableUrl` (yarl's error may quote it)."""
         error: BaseException | None = None
         for url in self.order():
             self._next = (self.urls.index(url) + 1) % len(self.urls)
@@ -114,6 +116,8 @@ class BrokerNodes:
                 if len(self.urls) > 1:
                     log.warning("RabbitMQ node %s failed: %r", endpoint(url), exc)
                 continue
+            except ValueError:
+                raise UnreadableUrl("RABBITMQ_URL") from None
             self.current = url
             if len(self.urls) > 1:
                 log.info("connected to RabbitMQ node %s", endpoint(url))

@@ -30,6 +30,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
+from bulk_recorder.url_checks import UnreadableUrl
+
 log = logging.getLogger(__name__)
 
 DEFAULT_HOST_TIMEOUT_S = 5.0
@@ -119,7 +121,8 @@ async def connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
     """``asyncpg.connect`` over the hosts of ``dsn``, one at a time, each within its timeout.
 
     Keyword arguments go to ``asyncpg.connect`` (the pool passes its own); a ``timeout`` among
-    them is replaced by the per-host one. Raises the last host's error when none is usable.
+    them is replaced by the per-host one. Raises the last host's error when none is usable, and
+    :class:`UnreadableUrl` for a DSN asyncpg cannot parse (its error quotes the DSN).
     """
     if dsn is None:
         raise ValueError("a DSN is needed")
@@ -136,6 +139,10 @@ async def connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
             if len(target.host_dsns) > 1:
                 log.debug("PostgreSQL host %s passed over: %r", where, exc)
             continue
+        except ValueError as exc:  # its int() of a port, its strict query parse
+            if isinstance(exc, asyncpg.InterfaceError):  # its own words: a setting named
+                raise
+            raise UnreadableUrl("DATABASE_URL") from None
         return conn
     assert error is not None
     raise error

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import asyncpg
+from aiormq.exceptions import AMQPError
 
 from bulk_recorder.exceptions import BulkRecorderError
 from bulk_recorder.infra import pg_hosts
@@ -20,6 +21,7 @@ from bulk_recorder.infra.errors import BROKER_ERRORS, DB_ERRORS
 from bulk_recorder.infra.migrate import maintenance_dsn
 from bulk_recorder.infra.tls import amqp_uses_tls, pg_uses_tls, tls_failure_line
 from bulk_recorder.masking import endpoint
+from bulk_recorder.url_checks import UNREADABLE
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,10 @@ class Unreachable(BulkRecorderError):
 
 
 def reason(exc: BaseException) -> str:
+    """What ``exc`` says, on one short line; a parser's ValueError (not a driver's own error)
+    in our words: its text may quote a piece of a password."""
+    if isinstance(exc, ValueError) and not isinstance(exc, (asyncpg.InterfaceError, AMQPError)):
+        return UNREADABLE
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
 

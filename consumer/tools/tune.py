@@ -19,6 +19,7 @@ import urllib.parse
 from collections import defaultdict
 
 from bulk_recorder.exceptions import EXIT_SETTINGS, BulkRecorderError
+from bulk_recorder.url_checks import UNREADABLE, scheme_of, url_problem
 from consumer.tools.tune_advice import (
     RABBITMQ_DEFAULT_CONSUMER_TIMEOUT_S,
     Histogram,
@@ -43,14 +44,24 @@ class TuneSourceError(BulkRecorderError):
 
 
 def _get(url: str) -> str:
-    import urllib.error  # when it runs: `bulk-recorder --help` builds this parser
+    """The body at ``url``; a URL that cannot be parsed is said so in our words (urllib's and
+    http.client's errors quote it, or the piece of a password before a ``/``, ``?`` or ``#``),
+    and one with no scheme is not shown (masking would not find its password)."""
+    import http.client  # when it runs: `bulk-recorder --help` builds this parser
+    import urllib.error
     import urllib.request
 
+    shown = url if scheme_of(url) else "a URL with no scheme (http://)"
+    problem = url_problem(url, strict_query=False)
+    if problem:
+        raise TuneSourceError(f"cannot read {shown}: the URL {problem}")
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as answer:
             return str(answer.read().decode("utf-8", errors="replace"))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise TuneSourceError(f"cannot read {url}: {exc}") from exc
+    except (http.client.InvalidURL, ValueError):
+        raise TuneSourceError(f"cannot read {shown}: {UNREADABLE}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise TuneSourceError(f"cannot read {shown}: {exc}") from exc
 
 
 class TuneUsageError(BulkRecorderError):

@@ -97,6 +97,95 @@ def test_a_password_holding_quotes_spaces_or_at_never_leaves_the_cli(
         assert part not in done.stdout + done.stderr, done.stderr
 
 
+def _installed(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    assert BULK_RECORDER.exists(), f"{BULK_RECORDER}: run `make install`"
+    return subprocess.run(
+        [str(BULK_RECORDER), *args],
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _assert_no_piece(text: str, password: str) -> None:
+    """Not the password, nor any piece of four of its characters."""
+    shown = sorted(
+        {password[i : i + 4] for i in range(len(password) - 3)}
+        & {text[i : i + 4] for i in range(len(text) - 3)}
+    )
+    assert not shown, f"{shown} of {password!r} in: {text}"
+
+
+@pytest.mark.parametrize(
+    ("name", "command", "value", "password", "code"),
+    [
+        # no scheme: masking cannot tell a password from a host, so nothing of it is echoed
+        ("RABBITMQ_URL", "dlq inspect", "app:Xq7pZk9wLm2v@h1/", "Xq7pZk9wLm2v", 2),
+        ("RABBITMQ_URL", "api", "amqp//app:Xq7pZk9wLm2v@h1/", "Xq7pZk9wLm2v", 2),
+        ("RABBITMQ_URL_FILE", "consume", "amqp://h0/,app:Xq7pZk9wLm2v", "Xq7pZk9wLm2v", 2),
+        ("DATABASE_URL", "migrate", "app:Xq7pZk9wLm2v", "Xq7pZk9wLm2v", 2),
+        ("DATABASE_URL_FILE", "relay", "postgresql//app:Xq7pZk9wLm2v@db/x", "Xq7pZk9wLm2v", 2),
+        # a / ? # ends the host part: the parsers quoted the piece before it as a port
+        ("RABBITMQ_URL", "dlq inspect", "amqp://app:Xq7p?Zk9w@h1/", "Xq7p?Zk9w", 2),
+        ("RABBITMQ_URL", "consume", "amqp://h0/,amqp://app:Xq7p/Zk9w@h1/", "Xq7p/Zk9w", 2),
+        ("RABBITMQ_URL_FILE", "relay", "amqp://app:Xq7p#Zk9w@h1/", "Xq7p#Zk9w", 2),
+        ("RABBITMQ_URL", "api", "amqp://app:7319?Zk9wLm@h1/", "7319?Zk9wLm", 2),
+        ("DATABASE_URL", "migrate", "postgresql://app:Xq7p/Zk9w@db/x", "Xq7p/Zk9w", 2),
+        ("DATABASE_URL", "migrate", "postgresql://app:Xq7p#Zk9w@db/x", "Xq7p#Zk9w", 2),
+        ("DATABASE_URL_FILE", "migrate", "postgresql://app:7319?Zk9wLm@db/x", "7319?Zk9wLm", 2),
+        ("DATABASE_URL", "api", "postgresql://app:7319/Zk9wLm@db/x", "7319/Zk9wLm", 2),
+        ("DATABASE_URL", "migrate", "postgresql://app:Zk@9w:Xq7p@127.0.0.1:1/x", "Zk@9w:Xq7p", 2),
+        # a : is the drivers' too: the URL is read, and the service is not there (exit 1)
+        ("DATABASE_URL", "migrate", "postgresql://app:Xq7p:Zk9w@127.0.0.1:1/x", "Xq7p:Zk9w", 1),
+        ("RABBITMQ_URL", "dlq inspect", "amqp://app:Xq7p:Zk9w@127.0.0.1:1/", "Xq7p:Zk9w", 1),
+    ],
+)
+def test_no_piece_of_a_password_leaves_through_a_parsers_error(
+    tmp_path: Path, name: str, command: str, value: str, password: str, code: int
+) -> None:
+    """The installed ``bulk-recorder``, given a URL setting with no scheme or whose password
+    holds ``/``, ``?``, ``#`` or ``:``: the documented exit code, one line (naming the variable
+    for a bad setting), and no piece of four characters of the password on stdout or stderr."""
+    if name.endswith("_FILE"):
+        (tmp_path / "secret").write_text(value + "\n")
+        done = _installed(command.split(), {name: str(tmp_path / "secret")}, tmp_path)
+    else:
+        done = _installed(command.split(), {name: value}, tmp_path)
+    assert done.returncode == code, done
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    if code == 2:
+        assert f"invalid settings: {name}:" in done.stderr, done.stderr
+    _assert_no_piece(done.stdout + done.stderr, password)
+
+
+@pytest.mark.parametrize(
+    ("url", "password"),
+    [
+        ("http://app:Xq7p/Zk9w@127.0.0.1:1/metrics", "Xq7p/Zk9w"),
+        ("http://app:Xq7p?Zk9w@127.0.0.1:1/metrics", "Xq7p?Zk9w"),
+        ("http://app:Xq7p#Zk9w@127.0.0.1:1/metrics", "Xq7p#Zk9w"),
+        ("http://app:7319/Zk9wLm@127.0.0.1:1/metrics", "7319/Zk9wLm"),  # host `app`, else
+        ("app/x:Xq7pZk9wLm2v@127.0.0.1:1/metrics", "Xq7pZk9wLm2v"),  # no scheme: not shown
+    ],
+)
+@pytest.mark.parametrize("source", ["metrics", "prometheus"])
+def test_tune_never_quotes_a_url_it_cannot_read(
+    tmp_path: Path, source: str, url: str, password: str
+) -> None:
+    """``tune``'s URLs are no settings: one line in our words, exit 1, no piece of the
+    password."""
+    done = _installed(
+        ["tune", url] if source == "metrics" else ["tune", "--prometheus", url], {}, tmp_path
+    )
+    assert done.returncode == 1, done
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "must be percent-encoded" in done.stderr, done.stderr
+    _assert_no_piece(done.stdout + done.stderr, password)
+
+
 # -- hostile trace headers and forged lines, against real processes ----------------------------
 
 FORGED = "FORGED LINE: the ledger is corrupt"

@@ -309,9 +309,6 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
-    if args.command in LONG_RUNNING_NEEDS:  # a role's first line; a one-shot command's output
-        # stays its own (its failure is one line)
-        logging.getLogger(__name__).info("bulk-recorder %s: %s", describe(), args.command)
     warn_unknown_settings(os.environ)  # a misspelt variable: one line naming the real one
     if args.command in LOAD_COMMANDS and not args.allow_remote:
         refuse_remote_targets(args.command, settings)  # before anything is reached
@@ -325,6 +322,9 @@ def _run(args: argparse.Namespace) -> int:
                 rabbitmq_url=settings.rabbitmq_url if "broker" in needs else None,
             )
         )
+    if args.command in LONG_RUNNING_NEEDS:  # a role's first line, once its start-up checks
+        # passed (a refusal is one line); a one-shot command's output stays its own
+        logging.getLogger(__name__).info("bulk-recorder %s: %s", describe(), args.command)
     role_settings = settings.for_role(args.command)
     # The long-running roles trace when an OTLP endpoint is set; the provider is built here,
     # from the settings, and flushed at the end (a clean exit or an error).

@@ -2990,8 +2990,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="roles-start-without-naming-their-build",
         path="consumer/cli.py",
-        old="    if args.command in LONG_RUNNING_NEEDS:  # a role's first line;",
-        new="    if False:  # a role's first line;",
+        old="    if args.command in LONG_RUNNING_NEEDS:  # a role's first line,",
+        new="    if False:  # a role's first line,",
         promise="Operable",
         tests=(
             "tests/integration/test_start_up_line.py::"

@@ -66,6 +66,17 @@ def ledger(seed: int, count: int, accounts: int = 8) -> list[dict[str, Any]]:
     return out
 
 
+def ops_out_of_order(transactions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same transactions with their operation ids dealt back in reverse: the transaction
+    that came first gets the operations' last ids."""
+    ids = [op["id"] for tx in transactions for op in tx["operations"]]
+    ids.reverse()
+    for tx in transactions:
+        for op in tx["operations"]:
+            op["id"] = ids.pop(0)
+    return transactions
+
+
 def records(transactions: list[dict[str, Any]]) -> list[Transaction]:
     out = []
     for tx in transactions:
@@ -156,7 +167,10 @@ async def test_every_write_sends_its_keys_in_sorted_order(database_url) -> None:
             decode(json.dumps(gen.credit_annotation()).encode(), "credit_annotation")
             for _ in range(30)
         ]
-        batch: list[Record] = [*records(ledger(6, 60, accounts=6)), *annotations]
+        # Operation ids in another order than their transactions' (the generator's are
+        # time-ordered, so sorting by either id gave one order and a writer sorting operations
+        # by their transaction's id passed)
+        batch: list[Record] = [*records(ops_out_of_order(ledger(6, 60, accounts=6))), *annotations]
         random.Random(6).shuffle(batch)
         await writer.write(batch)
     finally:

@@ -29,6 +29,10 @@ from consumer.topology import Topology, declare_topology, delete_topology
 from settings import Settings, load_settings
 from tests.compiled import stale_builds
 
+# Each test's CPU beside its wall time in a JUnit report (tests/durations.py reads both);
+# pytester runs a throwaway session (tests/unit/test_durations.py).
+pytest_plugins = ["tests.cpu_clock", "pytester"]
+
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from bulk_recorder.infra.metrics import Metrics
 from consumer.app import Recorder
@@ -29,9 +30,9 @@ from consumer.topology import Topology, declare_topology, delete_topology
 from settings import Settings, load_settings
 from tests.compiled import stale_builds
 
-# Each test's CPU beside its wall time in a JUnit report (tests/durations.py reads both);
-# pytester runs a throwaway session (tests/unit/test_durations.py).
-pytest_plugins = ["tests.cpu_clock", "pytester"]
+# Each test's CPU beside its wall time in a JUnit report (tests/durations.py reads both); the
+# lock that lets tests run side by side (tests/suite_lock.py); pytester runs throwaway sessions.
+pytest_plugins = ["tests.cpu_clock", "tests.suite_lock", "pytester"]
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -99,6 +100,39 @@ def unique_name(prefix: str) -> str:
 # partitions from yesterday to two days ahead). Tests marked `ledger_layouts` run on both;
 # TEST_LEDGER_LAYOUT=partitioned runs every test on partitioned tables.
 LEDGER_LAYOUTS = ("plain", "partitioned")
+
+
+# Hypothesis's per-example deadline (200 ms) times the machine, not the code: with the suite on
+# several workers an example can wait for a core. Speed is proven by benchmarks, never by a
+# timed example; every other setting stays Hypothesis's own.
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
+
+# Tests that share something only one process at a time may have run on one worker, one after
+# the other (`make test` distributes with --dist loadgroup): the cluster and namespace rigs (a
+# session's rig each; two would be 6 RabbitMQ nodes on 2 cores), and modules whose private
+# node has a fixed name in the machine's epmd or whose module-scoped node is costly to boot.
+XDIST_GROUPS = {
+    "tests/cluster/": "rigs",
+    "tests/partitions/": "rigs",
+    "tests/faults/test_tls.py": "tls-node",
+    "tests/faults/test_relay_poison.py": "poison-node",
+    "tests/faults/test_dead_letter_refused.py": "dead-letter-node",
+}
+
+
+def xdist_group_of(nodeid: str) -> str | None:
+    for prefix, group in XDIST_GROUPS.items():
+        if nodeid.startswith(prefix):
+            return group
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group_of(item.nodeid)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

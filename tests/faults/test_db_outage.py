@@ -325,6 +325,7 @@ def _ctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
 
 
+@pytest.mark.exclusive(reason="sets a policy on the shared broker")
 async def test_a_release_whose_copy_the_broker_refuses_is_requeued_never_dead_lettered(
     make_settings, start_recorder, broker, db, database_url, pg_proxy, caplog
 ) -> None:

@@ -43,7 +43,12 @@ from tests.faults.conftest import API, RELAY, REPO, RecorderPool, long_run, sett
 from tests.integration.producer_support import ndjson
 from tests.rigs.lock_log_server import LockLogServer
 
-pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, long_run]
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.rabbitmq,
+    long_run,
+    pytest.mark.exclusive(reason="times lock waits against 100 ms"),
+]
 
 WRITER_WAIT_BOUND_MS = 100.0  # the target
 DAY = 172_800  # idempotency records of one day at 2 requests a second

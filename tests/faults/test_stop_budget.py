@@ -39,7 +39,12 @@ from tests.faults.conftest import API, RELAY, RecorderProcess, via_proxy
 from tests.faults.proxy import Inspect, TcpProxy
 from tests.faults.test_relay_partition import _fill_outbox
 
-pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.rabbitmq,
+    pytest.mark.timeout(240),
+    pytest.mark.exclusive(reason="times each stop against its budget within 1.75 s"),
+]
 
 # Beyond the budget: the signal's delivery and the interpreter's exit after the last step.
 # Measured past the budget, SIGTERM to exit, on 2 CPUs (half the runs at a load average of

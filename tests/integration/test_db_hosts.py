@@ -92,6 +92,7 @@ async def test_every_command_passes_over_a_silent_host(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.exclusive(reason="times a 5 s wait within 5 s")
 async def test_without_connect_timeout_a_silent_host_is_given_5_seconds(
     database_url: str, silent_port: int
 ) -> None:

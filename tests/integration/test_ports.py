@@ -107,6 +107,7 @@ async def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.exclusive(reason="binds the roles' default ports 9464, 9465 and 8080")
 async def test_consume_relay_and_api_run_side_by_side_with_default_ports(
     make_settings: SettingsFactory, tmp_path: Path
 ) -> None:

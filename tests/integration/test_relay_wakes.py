@@ -21,7 +21,11 @@ from settings import Settings
 from tests.conftest import Broker, wait_for
 from tests.integration.producer_support import RunningRelay, running_relay
 
-pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.rabbitmq,
+    pytest.mark.exclusive(reason="times wake-ups against 3 s and 5 s"),
+]
 
 
 async def listening(conn: asyncpg.Connection) -> bool:

@@ -183,6 +183,7 @@ async def _prefilled(database_url: str, requests: int) -> None:
         await conn.close()
 
 
+@pytest.mark.exclusive(reason="times lock waits in milliseconds")
 async def test_a_new_request_never_waits_on_a_long_retention_batch(
     lock_log_server: LockLogServer,
 ) -> None:
@@ -197,6 +198,7 @@ async def test_a_new_request_never_waits_on_a_long_retention_batch(
     assert inserts >= 10, "the writer hardly ran while the batch was open"
 
 
+@pytest.mark.exclusive(reason="times lock waits in milliseconds")
 async def test_a_retried_request_being_removed_waits_less_than_the_bound(
     lock_log_server: LockLogServer,
 ) -> None:

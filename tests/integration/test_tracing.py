@@ -236,6 +236,7 @@ def _default_port_free() -> bool:
     return True
 
 
+@pytest.mark.exclusive(reason="binds the OTLP default port 4318")
 async def test_without_an_endpoint_nothing_is_exported_and_logs_carry_no_ids(
     tmp_path: Path, make_settings: SettingsFactory, database_url: str
 ) -> None:

@@ -42,7 +42,12 @@ from tests.conftest import Broker, free_port, settings_env, wait_for
 from tests.integration.producer_support import bearer, provision_key
 from tests.ops.conftest import ALERTS, GRAFANA_DIR, PROMETHEUS_CONFIG, alert_rules, load_yaml
 
-pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.rabbitmq,
+    pytest.mark.timeout(180),
+    pytest.mark.exclusive(reason="scrapes every second and waits 15 s for series"),
+]
 
 # The venv's console script: the same command an operator runs.
 CLI = str(Path(sys.executable).with_name("bulk-recorder"))

@@ -1,0 +1,111 @@
+"""Tests side by side without disturbing each other: a reader-writer lock on the shared services.
+
+`make test` runs the suite on several pytest workers (pytest-xdist). Most tests only wait on
+the machine's RabbitMQ and PostgreSQL, each with its own database and queue names, and may
+overlap. A few fault what every test shares (a broker alarm blocks every publisher, a server
+held or restarted fails whoever uses it) or bind a role's fixed default port: those are marked
+``exclusive`` and run with no other test of the shared services at the same time.
+
+- A test marked ``exclusive`` holds the lock exclusively, from before its setup to after its
+  teardown.
+- A test marked ``private`` touches nothing shared (pure logic, files, its own servers on ports
+  of their own) and holds nothing.
+- Every other test holds the lock shared.
+
+The lock is two files in the temporary directory, per user (``flock``), so it also orders
+pytest processes that are not workers of one run: the mutants' jobs, two shells. An exclusive
+test waiting for the lock goes first: it holds the gate every test passes on its way in, so no
+new test starts while it waits for the running ones to end. A pytest started by a test (a
+child session) holds nothing: its parent's hold covers it, and taking the gate again could
+wait on a writer that waits on the parent.
+
+The lock is taken in ``pytest_runtest_protocol``, outside the test's setup, so the wait does
+not count against the test's own timeout (pytest-timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Generator, Iterator
+from enum import Enum
+from pathlib import Path
+
+import pytest
+
+# Set while a test holds the lock, so that a pytest it starts holds nothing.
+HELD_ENV = "BULK_RECORDER_TEST_LOCK_HELD"
+# Where the lock files live; a test of this module points it elsewhere.
+DIR_ENV = "BULK_RECORDER_TEST_LOCK_DIR"
+
+
+class Hold(Enum):
+    NONE = "none"
+    SHARED = "shared"
+    EXCLUSIVE = "exclusive"
+
+
+def lock_dir() -> Path:
+    configured = os.environ.get(DIR_ENV)
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / f"bulk-recorder-tests-{os.getuid()}"
+
+
+def hold_of(item: pytest.Item) -> Hold:
+    exclusive = item.get_closest_marker("exclusive") is not None
+    private = item.get_closest_marker("private") is not None
+    if exclusive and private:
+        raise pytest.UsageError(f"{item.nodeid}: marked both exclusive and private")
+    if exclusive:
+        return Hold.EXCLUSIVE
+    if private:
+        return Hold.NONE
+    return Hold.SHARED
+
+
+@contextlib.contextmanager
+def held(hold: Hold, directory: Path | None = None) -> Iterator[None]:
+    """Hold the suite lock as ``hold`` says, for the body of the ``with``."""
+    if hold is Hold.NONE or os.environ.get(HELD_ENV):
+        yield
+        return
+    where = directory or lock_dir()
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / "gate", "a+b") as gate, open(where / "suite", "a+b") as suite:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            if hold is Hold.EXCLUSIVE:
+                # Holding the gate while waiting: tests arriving now wait behind this one.
+                fcntl.flock(suite, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        if hold is Hold.SHARED:
+            fcntl.flock(suite, fcntl.LOCK_SH)
+        os.environ[HELD_ENV] = hold.value
+        try:
+            yield
+        finally:
+            del os.environ[HELD_ENV]
+            fcntl.flock(suite, fcntl.LOCK_UN)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "exclusive: faults a shared service or binds a fixed port: runs with no other test of "
+        "the shared services beside it (tests/suite_lock.py)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "private: touches no shared service (pure logic, files, servers of its own): holds "
+        "nothing, runs beside anything (tests/suite_lock.py)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    with held(hold_of(item)):
+        return (yield)

@@ -6,7 +6,7 @@ RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 UV := $(BIN)/uv
 
-.PHONY: release install system-tools node-clients lock lint rules test test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster soak-partitions clean
+.PHONY: release install system-tools node-clients lock lint rules test test-random test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster soak-partitions clean
 
 install: $(STAMP)
 
@@ -74,11 +74,35 @@ rules: $(STAMP)
 release: $(STAMP)
 	bash scripts/release.sh $(RELEASE_ARGS)
 
-# Unit, integration (real RabbitMQ + PostgreSQL) and fault suites; then two fast mutants (a
+# Unit, integration (real RabbitMQ + PostgreSQL) and fault suites in two phases: every test on
+# TEST_JOBS workers side by side (pytest-xdist; most tests only wait on the services, each with
+# its own database and queues; the rigs' tests share one worker), then the tests marked
+# `exclusive` (they fault something every test shares, bind a fixed port or time themselves)
+# one at a time with nothing beside them (tests/suite_lock.py). Then two fast mutants (a
 # different pair each day) that the tests named for their promise must still kill.
+# JUNIT=/tmp/suite writes /tmp/suite-side-by-side.xml and /tmp/suite-alone.xml
+# (python -m tests.durations reads both).
+TEST_JOBS ?= 4
+JUNIT ?=
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider
+SIDE_BY_SIDE = -n $(TEST_JOBS) --dist loadgroup -m "not exclusive" $(if $(JUNIT),--junitxml=$(JUNIT)-side-by-side.xml)
+ALONE = -m exclusive $(if $(JUNIT),--junitxml=$(JUNIT)-alone.xml)
 test: system-tools node-clients lint
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(PYTEST) $(SIDE_BY_SIDE)
+	$(PYTEST) $(ALONE)
 	$(BIN)/python -m tests.mutants.run --subset 2
+
+# The same two phases with the tests in a shuffled order (pytest-randomly: modules, then the
+# tests in each), to find a test that passes only after another. The seed is printed first;
+# RANDOM_SEED=N runs that order again.
+ifeq ($(RANDOM_SEED),)
+RANDOM_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+RANDOMLY = -o addopts=--strict-markers -p randomly --randomly-seed=$(RANDOM_SEED)
+test-random: system-tools node-clients lint
+	@echo "test-random: RANDOM_SEED=$(RANDOM_SEED)"
+	$(PYTEST) $(RANDOMLY) $(SIDE_BY_SIDE)
+	$(PYTEST) $(RANDOMLY) $(ALONE)
 
 # The image, built from the Dockerfile and run with podman (tests/image, skipped by plain pytest):
 # installs podman, runc and debootstrap if missing, builds the stand-in base image once (no
@@ -97,7 +121,7 @@ test-compose: $(STAMP)
 # after checking those tests pass unmutated. Ends with "mutants: N killed, 0 survived".
 # MUTANT_JOBS side by side (their tests mostly wait on the services); those whose tests fault a
 # shared service or bind fixed ports run alone, after the others (tests/mutants/run.py).
-MUTANT_JOBS ?= 3
+MUTANT_JOBS ?= 4
 mutants: $(STAMP)
 	$(BIN)/python -m tests.mutants.run --baseline --jobs $(MUTANT_JOBS)
 

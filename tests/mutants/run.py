@@ -18,9 +18,13 @@ exactly once stops the run. The last line is ``mutants: N killed, M survived``; 
 is 0 only when every mutant was killed.
 
 With ``--jobs N``, N mutants run side by side, each on its own scratch copy (their tests wait on
-the services far more than they compute). A mutant whose tests stop or hold a shared service,
-bind the roles' default ports or start clusters and namespaces (``EXCLUSIVE``) runs alone,
-after the others: side by side, its fault would fail another mutant's tests and count as a kill.
+the services far more than they compute). A test marked ``exclusive`` (it faults something every
+test shares, binds a fixed port or times itself) still runs with no other test beside it: the
+suite lock (tests/suite_lock.py) is one per user, so the mutants' pytest runs take it as the
+workers of one run do. A mutant whose tests start clusters and namespaces, the image or compose
+(``EXCLUSIVE``) runs alone, after the others: two rigs at once would be six RabbitMQ nodes on two
+cores. ``--baseline`` runs the named tests as ``make test`` does: side by side on ``--jobs``
+workers, then the exclusive ones alone.
 """
 
 from __future__ import annotations
@@ -44,16 +48,14 @@ from tests.mutants.mutants import MUTANTS, Mutant
 
 REPO = Path(__file__).resolve().parents[2]
 PER_MUTANT_TIMEOUT_S = 900
-# Tests that must not run beside another mutant's: faults on the shared services (a broker
-# alarm blocks every publisher, a held or restarted server fails whoever uses it), the roles'
-# default ports, clusters, namespaces, images and compose.
+# Tests that must not run beside another mutant's: clusters, namespaces, images and compose
+# (each boots servers of its own; two at once overload the machine). A single test that faults
+# a shared service or binds a fixed port is marked `exclusive` and waits for the suite lock.
 EXCLUSIVE = (
-    "tests/faults/",
     "tests/cluster/",
     "tests/partitions/",
     "tests/image/",
     "tests/compose/",
-    "tests/integration/test_ports.py",
 )
 _SKIP_WHEN_NO_GIT = {
     ".git",
@@ -175,10 +177,12 @@ def assert_imports_from(scratch: Path) -> None:
         raise SystemExit(f"the scratch copy is not what gets imported: {wrong}")
 
 
-def run_tests(scratch: Path, tests: Sequence[str], log: Path) -> tuple[int, float]:
-    command = [python(), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+def run_tests(
+    scratch: Path, tests: Sequence[str], log: Path, options: Sequence[str] = ()
+) -> tuple[int, float]:
+    command = [python(), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *options, *tests]
     started = time.monotonic()
-    with log.open("wb") as out:
+    with log.open("ab") as out:
         try:
             code = subprocess.run(
                 command,
@@ -200,8 +204,29 @@ def first_failure(log: Path) -> str:
     return match.group(1) if match else text.strip().splitlines()[-1] if text.strip() else ""
 
 
+# pytest's exit status when the selection (here: -m exclusive or its opposite) is empty.
+NO_TESTS_COLLECTED = 5
+
+
+def in_phases(scratch: Path, tests: Sequence[str], log: Path, jobs: int) -> tuple[int, float]:
+    """The tests as `make test` runs them: side by side on ``jobs`` workers, then the ones
+    marked exclusive alone. Either phase may select nothing."""
+    side_by_side = ["-n", str(jobs), "--dist", "loadgroup", "-m", "not exclusive"]
+    code, seconds = run_tests(scratch, tests, log, side_by_side)
+    if code not in (0, NO_TESTS_COLLECTED):
+        return code, seconds
+    alone, more = run_tests(scratch, tests, log, ["-m", "exclusive"])
+    if alone == NO_TESTS_COLLECTED:
+        alone = 0 if code == 0 else NO_TESTS_COLLECTED
+    return alone, seconds + more
+
+
 def run_mutant(
-    mutant: Mutant, logs: Path, baseline: bool = False, tests: Sequence[str] | None = None
+    mutant: Mutant,
+    logs: Path,
+    baseline: bool = False,
+    tests: Sequence[str] | None = None,
+    jobs: int = 1,
 ) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
         scratch = Path(tmp)
@@ -212,7 +237,11 @@ def run_mutant(
         assert_imports_from(scratch)
         suffix = f"-{len(list(logs.glob(mutant.name + '*')))}" if tests else ""
         log = logs / f"{'baseline-' if baseline else ''}{mutant.name}{suffix}.log"
-        code, seconds = run_tests(scratch, tests or mutant.tests, log)
+        log.write_bytes(b"")
+        if baseline and jobs > 1:
+            code, seconds = in_phases(scratch, tests or mutant.tests, log, jobs)
+        else:
+            code, seconds = run_tests(scratch, tests or mutant.tests, log)
     if code == 1:
         return Outcome(mutant, "killed", seconds, first_failure(log))
     if code == 0:
@@ -317,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.baseline:
         tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
         base = Mutant("unmutated", "", "", "", "", tuple(tests))
-        outcome = run_mutant(base, logs, baseline=True)
+        outcome = run_mutant(base, logs, baseline=True, jobs=args.jobs)
         print(f"baseline: {len(tests)} named tests, {outcome.seconds:.0f} s", flush=True)
         if outcome.status != "survived":  # unmutated, every named test must pass
             print(f"error: the named tests fail without any mutant: {outcome.detail}")

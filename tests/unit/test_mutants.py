@@ -67,8 +67,9 @@ def test_the_rotating_subset_visits_every_fast_mutant() -> None:
 def test_side_by_side_mutants_overlap_and_an_exclusive_one_runs_alone(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """``--jobs``: the shared mutants do run together; a mutant whose tests fault a shared
-    service (tests/faults/) or bind the default ports runs with nothing beside it."""
+    """``--jobs``: the shared mutants do run together; a mutant whose tests start a cluster or
+    a namespace rig runs with nothing beside it (a single test that faults a shared service
+    is marked exclusive and waits for the suite lock instead: tests/unit/test_suite_lock.py)."""
     import threading
 
     from tests.mutants import run
@@ -93,10 +94,10 @@ def test_side_by_side_mutants_overlap_and_an_exclusive_one_runs_alone(
     monkeypatch.setattr(run, "run_mutant", fake)
     tests = {
         "a": ("tests/unit/test_x.py::test_a",),
-        "fault": ("tests/unit/test_x.py::test_b", "tests/faults/test_y.py::test_c"),
+        "fault": ("tests/unit/test_x.py::test_b", "tests/cluster/test_y.py::test_c"),
         "b": ("tests/integration/test_z.py::test_d",),
-        "ports": ("tests/integration/test_ports.py::test_e",),
-        "c": ("tests/ops/test_w.py::test_f",),
+        "ports": ("tests/partitions/test_e.py::test_e",),
+        "c": ("tests/faults/test_w.py::test_f",),
     }
     chosen = [Mutant(n, "p", "o", "n", "promise", t) for n, t in tests.items()]
     outcomes = run.run_all(chosen, tmp_path, jobs=3)
@@ -105,3 +106,39 @@ def test_side_by_side_mutants_overlap_and_an_exclusive_one_runs_alone(
     assert beside["ports"] == set()
     assert beside["a"] == {"b", "c"}  # three shared mutants, three jobs: all at once
     assert {n for n in tests if run.exclusive(chosen[list(tests).index(n)])} == {"fault", "ports"}
+
+
+@pytest.mark.parametrize(
+    ("side_by_side", "alone", "expected", "phases"),
+    [
+        (0, 0, 0, 2),
+        (0, 5, 0, 2),  # nothing exclusive among the tests
+        (5, 0, 0, 2),  # only exclusive tests
+        (5, 5, 5, 2),  # nothing at all: still an error
+        (1, 0, 1, 1),  # a failure side by side ends the run there
+        (0, 1, 1, 2),
+    ],
+)
+def test_the_baseline_runs_side_by_side_then_the_exclusive_tests_alone(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    side_by_side: int,
+    alone: int,
+    expected: int,
+    phases: int,
+) -> None:
+    from tests.mutants import run
+
+    calls: list[tuple[str, ...]] = []
+
+    def fake(
+        scratch: Path, tests: object, log: Path, options: tuple[str, ...] = ()
+    ) -> tuple[int, float]:
+        calls.append(tuple(options))
+        return (side_by_side if len(calls) == 1 else alone), 1.0
+
+    monkeypatch.setattr(run, "run_tests", fake)
+    code, seconds = run.in_phases(tmp_path, ["tests/x.py"], tmp_path / "log", jobs=3)
+    assert (code, seconds) == (expected, float(phases))
+    assert calls[0] == ("-n", "3", "--dist", "loadgroup", "-m", "not exclusive")
+    assert calls[1:] == ([("-m", "exclusive")] if phases == 2 else [])

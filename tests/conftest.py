@@ -108,32 +108,6 @@ LEDGER_LAYOUTS = ("plain", "partitioned")
 hypothesis_settings.register_profile("suite", deadline=None)
 hypothesis_settings.load_profile("suite")
 
-# Tests that share something only one process at a time may have run on one worker, one after
-# the other (`make test` distributes with --dist loadgroup): the cluster and namespace rigs (a
-# session's rig each; two would be 6 RabbitMQ nodes on 2 cores), and modules whose private
-# node has a fixed name in the machine's epmd or whose module-scoped node is costly to boot.
-XDIST_GROUPS = {
-    "tests/cluster/": "rigs",
-    "tests/partitions/": "rigs",
-    "tests/faults/test_tls.py": "tls-node",
-    "tests/faults/test_relay_poison.py": "poison-node",
-    "tests/faults/test_dead_letter_refused.py": "dead-letter-node",
-}
-
-
-def xdist_group_of(nodeid: str) -> str | None:
-    for prefix, group in XDIST_GROUPS.items():
-        if nodeid.startswith(prefix):
-            return group
-    return None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = xdist_group_of(item.nodeid)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to test a compiled module older than its source (tests/compiled.py)."""

@@ -21,6 +21,9 @@ wait on a writer that waits on the parent.
 
 The lock is taken in ``pytest_runtest_protocol``, outside the test's setup, so the wait does
 not count against the test's own timeout (pytest-timeout).
+
+With ``--dist loadgroup`` the tests of a group (``XDIST_GROUPS``) run on one worker, one after
+the other, and every other test goes to whichever worker is free.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from enum import Enum
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadGroupScheduling
 
 # Set while a test holds the lock, so that a pytest it starts holds nothing.
 HELD_ENV = "BULK_RECORDER_TEST_LOCK_HELD"
@@ -90,6 +94,40 @@ def held(hold: Hold, directory: Path | None = None) -> Iterator[None]:
         finally:
             del os.environ[HELD_ENV]
             fcntl.flock(suite, fcntl.LOCK_UN)
+
+
+# Tests that share something only one process at a time may have: the cluster and namespace
+# rigs (one session's rig each; two would be six RabbitMQ nodes on two cores), and modules
+# whose private node has a fixed name in the machine's epmd or is costly to boot per worker.
+XDIST_GROUPS = {
+    "tests/cluster/": "rigs",
+    "tests/partitions/": "rigs",
+    "tests/faults/test_tls.py": "tls-node",
+    "tests/faults/test_relay_poison.py": "poison-node",
+    "tests/faults/test_dead_letter_refused.py": "dead-letter-node",
+}
+
+
+def xdist_group_of(nodeid: str) -> str | None:
+    for prefix, group in XDIST_GROUPS.items():
+        if nodeid.startswith(prefix):
+            return group
+    return None
+
+
+class SuiteGroups(LoadGroupScheduling):  # type: ignore[misc]  # xdist has no types
+    """xdist's ``loadgroup`` with the groups taken from the test's path. (xdist reads an
+    ``xdist_group`` mark by renaming the item, which pytest 9 no longer lets it do: a marked
+    test would run on any worker.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return xdist_group_of(nodeid) or super()._split_scope(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> SuiteGroups | None:
+    if config.getoption("dist") != "loadgroup":
+        return None
+    return SuiteGroups(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,60 @@
+"""The rigs' tests, and the modules with a fixed-name private node, run on one xdist worker
+each (tests/suite_lock.py XDIST_GROUPS), whatever the number of workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.suite_lock import DIR_ENV, XDIST_GROUPS, xdist_group_of
+
+pytestmark = pytest.mark.private
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST = """
+import json, os, pathlib
+import pytest
+
+@pytest.mark.parametrize("n", range(4))
+def test_where(n):
+    out = pathlib.Path(os.environ["WHERE_OUT"]) / f"{os.getpid()}-{__name__}-{n}"
+    out.write_text(json.dumps([os.environ.get("PYTEST_XDIST_WORKER"), __name__]))
+"""
+
+
+def test_a_group_is_found_by_its_folder_or_module() -> None:
+    assert xdist_group_of("tests/cluster/test_rigs.py::test_x") == "rigs"
+    assert xdist_group_of("tests/partitions/test_rig.py::test_y[1]") == "rigs"
+    assert xdist_group_of("tests/faults/test_tls.py::test_z") == "tls-node"
+    assert xdist_group_of("tests/faults/test_crash.py::test_z") is None
+    assert xdist_group_of("tests/unit/test_x.py::test_cluster") is None
+    assert len(set(XDIST_GROUPS.values())) == 4
+
+
+def test_grouped_tests_share_one_worker_and_the_rest_spread(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A real run on three workers, with the suite's scheduler."""
+    out = tmp_path / "where"
+    out.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("WHERE_OUT", str(out))
+    monkeypatch.setenv(DIR_ENV, str(tmp_path / "lock"))
+    pytester.makeconftest('pytest_plugins = ["tests.suite_lock"]\n')
+    pytester.makeini(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+        "markers =\n    exclusive: x\n    private: y\n"
+    )
+    for folder in ("cluster", "partitions", "integration"):
+        package = pytester.path / "tests" / folder
+        package.mkdir(parents=True)
+        (package / f"test_{folder}.py").write_text(TEST)
+    result = pytester.runpytest_subprocess("-n", "3", "--dist", "loadgroup", "-p", "no:randomly")
+    result.assert_outcomes(passed=12)
+    seen = [json.loads(p.read_text()) for p in out.iterdir()]
+    workers = {module: {w for w, m in seen if m == module} for _, module in seen}
+    rigs = workers["test_cluster"] | workers["test_partitions"]
+    assert len(rigs) == 1, f"the rigs' tests ran on {sorted(rigs)}"
+    assert len(workers["test_integration"]) > 1, "ungrouped tests should spread"

@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "bench_latency": ([], ["--loads", "250", "1000", "2000", "4000", "--seconds", "20"]),
     "bench_memory": ([], ["--count", "300000"]),
     "bench_scale": ([], ["--count", "60000"]),
+    # one PostgreSQL primary's ceiling for the recorder's flushes, 1-8 writers, no broker
+    "bench_db_ceiling": (["--records", "20000", "--rounds", "1"], []),
     # full set only: a private PostgreSQL server, tens of millions of rows prefilled (~1-2 h)
     "bench_growth": (
         ["--quick"],

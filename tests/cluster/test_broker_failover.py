@@ -45,7 +45,12 @@ from tests.faults.audit import audit_run, wait_for_rows, wait_until_settled
 from tests.faults.conftest import RELAY
 from tests.rigs.rabbitmq_cluster import RabbitCluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.postgres, pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.postgres,
+    pytest.mark.timeout(240),
+    pytest.mark.exclusive(reason="times the stall after a leader's loss against 3 s"),
+]
 
 
 PER_RUN = 8_000  # valid records of each run

@@ -40,9 +40,9 @@ import pytest
 from xdist.scheduler import LoadGroupScheduling
 
 # Set while a test holds the lock, so that a pytest it starts holds nothing.
-HELD_ENV = "BULK_RECORDER_TEST_LOCK_HELD"
+HELD_ENV = "PYTEST_SUITE_LOCK_HELD"
 # Where the lock files live; a test of this module points it elsewhere.
-DIR_ENV = "BULK_RECORDER_TEST_LOCK_DIR"
+DIR_ENV = "PYTEST_SUITE_LOCK_DIR"
 
 
 class Hold(Enum):

@@ -217,3 +217,15 @@ def test_a_test_marked_both_ways_is_refused(pytester: pytest.Pytester) -> None:
     (item,) = pytester.getitems(pytester.path)
     with pytest.raises(pytest.UsageError, match="both exclusive and private"):
         hold_of(item)
+
+
+def test_a_role_started_by_a_test_holding_the_lock_sees_no_unknown_setting(
+    tmp_path: Path,
+) -> None:
+    """What the lock puts in the environment reaches every process a test starts: a name with
+    a setting's prefix would be one "unknown setting" warning in every role's log."""
+    from bulk_recorder.unknown_settings import unknown_settings
+
+    with held(Hold.SHARED, tmp_path):
+        assert unknown_settings(os.environ) == []
+    assert unknown_settings({HELD_ENV: "shared", DIR_ENV: str(tmp_path)}) == []

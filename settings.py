@@ -22,6 +22,7 @@ from bulk_recorder.masking import masked
 from bulk_recorder.otel_settings import NEVER_SHOWN, OtelSettings
 from bulk_recorder.relay_settings import RelaySettings
 from bulk_recorder.retention_settings import RetentionSettings
+from bulk_recorder.shard_settings import ShardSettings
 from bulk_recorder.url_checks import scheme_of, url_problem
 
 # PostgreSQL's bind-parameter limit per statement (a 16-bit counter in the wire protocol).
@@ -39,7 +40,7 @@ class SettingsError(BulkRecorderError, ValueError):
     exit_code = EXIT_SETTINGS
 
 
-class Settings(ApiSettings, RelaySettings, RetentionSettings, OtelSettings):
+class Settings(ApiSettings, RelaySettings, RetentionSettings, ShardSettings, OtelSettings):
     """Typed view of the environment: field ``foo_bar`` is ``FOO_BAR`` (``OTEL_*``: the base)."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)

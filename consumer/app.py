@@ -46,7 +46,7 @@ from consumer.flush_pool import WORKER, FlushPool
 from consumer.health import HealthServer
 from consumer.intake import TASK as PAUSE
 from consumer.intake import IntakePause
-from consumer.queue_watch import QueueWatch
+from consumer.queue_watch import QueueWatch, Shards
 from consumer.topology import Topology
 from settings import Settings
 
@@ -84,6 +84,7 @@ class Recorder:
             dead_letter_exchange=self.topology.dead_letter_exchange,
             queue=self.topology.queue,
             hold_s=settings.bulk_recorder_release_after_s,
+            queue_of=lambda channel: self._consuming.queue_of(channel),  # a release: its shard
         )
         # dead letters of invalid messages still being settled (held while the DLQ refuses)
         self._settling: set[asyncio.Future[None]] = set()
@@ -95,6 +96,7 @@ class Recorder:
             on_message=self._on_message,
             paused=lambda: self._intake.paused,
             drop_channel=self._drop_channel,
+            shards_consumed=settings.shards_consumed,
         )
         self._db_ok = False
         self._stopping = False
@@ -105,6 +107,7 @@ class Recorder:
             self.topology.queue,
             lambda: self._consuming.connection,
             dlq=self.topology.dead_letter_queue,
+            shards=Shards(self.topology, self._consuming.wanted, self._consuming.reconcile),
         )
 
     # -- readiness ------------------------------------------------------------------------
@@ -123,7 +126,7 @@ class Recorder:
         down = [name for name in self._tasks.down() if not name.startswith(WORKER)]
         if down:
             detail += ", " + ", ".join(f"{name} down" for name in down)
-        return self._consuming.ok and self._db_ok and workers_ok and not down, detail
+        return self._consuming.ready() and self._db_ok and workers_ok and not down, detail
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -147,6 +150,13 @@ class Recorder:
             rows_per_insert(9, s.bulk_recorder_max_rows_per_insert),
             s.rabbitmq_queue,
         )
+        if s.rabbitmq_queue_shards > 1 or s.shards_consumed:
+            log.info(
+                "queue shards: %d (%s), consuming %s and any leftover shard past them",
+                s.rabbitmq_queue_shards,
+                ", ".join(self.topology.shard_queues()),
+                ", ".join(self._consuming.routed_queues()) or "none of them",
+            )
         log.info("%s", self.stop_budget.describe())
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -57,6 +57,7 @@ ONE_SHOT_NEEDS: dict[str, tuple[str, ...]] = {
     "outbox": ("database",),
     "retention": ("database",),
     "partitions": ("database",),
+    "shards": ("broker",),
 }
 # Long-running commands wait for a service that is down, but not for a certificate that their
 # settings refuse: with TLS configured, they try it once at start-up.
@@ -190,12 +191,19 @@ def cmd_partitions(settings: Settings, args: argparse.Namespace) -> int:
     return run_partitions(settings, args)
 
 
+def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
+    from consumer.tools.shards import cmd_shards as run_shards
+
+    return run_shards(settings, args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # the modules whose parsers these are: not imported by the health check, which has its own
     from consumer import api_keys
     from consumer.tools import outbox as outbox_tool
     from consumer.tools import partitions as partitions_tool
     from consumer.tools import retention as retention_tool
+    from consumer.tools import shards as shards_tool
     from consumer.tools import tune
 
     parser: argparse.ArgumentParser = HelpfulParser(
@@ -243,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     outbox_tool.add_parser(sub)
     retention_tool.add_parser(sub)
     partitions_tool.add_parser(sub)
+    shards_tool.add_parser(sub)
     tune.add_parser(sub)
     healthcheck.add_parser(sub)
     documented(parser)
@@ -269,6 +278,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "outbox": cmd_outbox,
     "retention": cmd_retention,
     "partitions": cmd_partitions,
+    "shards": cmd_shards,
 }
 
 

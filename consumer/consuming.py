@@ -1,9 +1,19 @@
 """The recorder's consuming connection: connect, QoS, declare, consume, and again after a loss.
 
-:class:`Consuming` keeps one connection up through :func:`keep_connected`: on each, a channel
-with QoS ``settings.channel_prefetch``, the topology declared with the contract's arguments,
-and ``basic.consume`` while intake is allowed (:class:`consumer.intake.IntakePause` may hold
-it). The connection never publishes, so a broker alarm never blocks its acks.
+:class:`Consuming` keeps one connection up through :func:`keep_connected`: on each, the
+topology declared with the contract's arguments, then one channel per shard it consumes, each
+with QoS ``settings.channel_prefetch`` and ``basic.consume`` while intake is allowed
+(:class:`consumer.intake.IntakePause` may hold it). The connection never publishes, so a broker
+alarm never blocks its acks.
+
+The shards consumed: 1 to ``RABBITMQ_QUEUE_SHARDS`` (those of ``RABBITMQ_QUEUE_SHARDS_CONSUMED``
+if set), plus the leftover shards past N that still exist (a deployment that had more), found
+at connect time and again at each look of the queue watch (:meth:`Consuming.reconcile`). A
+channel per shard keeps one shard's trouble (a channel error, a cancel) out of the others'
+channels, and each delivery is acked on the channel that delivered it. A leftover shard found
+empty is let go (basic.cancel, its channel kept for what it delivered) so that, once no
+recorder holds anything of it, its consumer count drops to 0 and ``shards prune`` may delete
+it; a message showing up there again is consumed again.
 
 When the broker cancels the consumer (Basic.Cancel: its queue was deleted), the recorder is not
 ready at once and goes round the loop: its channel and deliveries dropped, a new connection,
@@ -18,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aio_pika
 from aiormq.abc import AbstractChannel
@@ -35,7 +45,7 @@ from bulk_recorder.infra.broker import BrokerNodes, TopologyMismatch, broker_fai
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.reconnect import Session, keep_connected
 from bulk_recorder.infra.stop_budget import CLOSE_OK_S, Deadline
-from consumer.topology import Topology, declare_or_mismatch
+from consumer.topology import Topology, declare_or_mismatch, existing_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +78,25 @@ class Consuming:
         on_message: OnMessage,
         paused: Callable[[], bool],
         drop_channel: Callable[[AbstractChannel], None],
+        shards_consumed: tuple[int, ...] = (),
     ) -> None:
         self._nodes = nodes
         self.topology = topology
+        self._subset = frozenset(shards_consumed)  # empty: every shard
         self.metrics = metrics
         self.prefetch = prefetch
         self._on_message = on_message
         self._paused = paused
         self._drop_channel = drop_channel
         self.connection: aio_pika.abc.AbstractConnection | None = None
-        self.channel: AbstractChannel | None = None
+        self.channel: AbstractChannel | None = None  # the first shard's (or the declaring one)
+        self.by_queue: dict[str, AbstractChannel] = {}  # queue -> the channel consuming it
         self.ok = False  # consuming, or ready to (intake paused)
         self.cancelled_note: str | None = None  # why not consuming, until declared again
         self.mismatch: TopologyMismatch | None = None
-        self._consumer_tag: str | None = None
+        self._tags: dict[str, str] = {}  # queue -> consumer tag, while consuming it
+        self._let_go: set[str] = set()  # leftover shards found empty: not consumed for now
+        self._on_cancel: Callable[[spec.Basic.Cancel], None] | None = None
         self._lock = asyncio.Lock()
         self._closing = False
         self._connected_before = False
@@ -91,7 +106,36 @@ class Consuming:
         broker = "up" if self.ok else "down"
         if self.cancelled_note is not None:
             broker += f" ({self.cancelled_note})"
+        missing = self.missing()
+        if self.ok and missing:
+            broker += f" (no consumer on {', '.join(missing)})"
         return broker
+
+    def wanted(self, number: int) -> bool:
+        """Whether this recorder consumes shard ``number`` (RABBITMQ_QUEUE_SHARDS_CONSUMED)."""
+        return not self._subset or number in self._subset
+
+    def routed_queues(self) -> list[str]:
+        """The shards 1 to N this recorder consumes."""
+        topology = self.topology
+        return [topology.shard_queue(k) for k in range(1, topology.shards + 1) if self.wanted(k)]
+
+    def missing(self) -> list[str]:
+        """Routed shards without our consumer while intake is allowed: not ready."""
+        if not self.ok or self._paused() or self._closing:
+            return []
+        return [queue for queue in self.routed_queues() if queue not in self._tags]
+
+    def ready(self) -> bool:
+        """Connected, and consuming every routed shard it should (or intake paused)."""
+        return self.ok and not self.missing()
+
+    def queue_of(self, channel: AbstractChannel) -> str:
+        """The shard queue ``channel`` consumes (RABBITMQ_QUEUE if it is none of ours)."""
+        for queue, consuming in self.by_queue.items():
+            if consuming is channel:
+                return queue
+        return self.topology.queue
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop``, through every loss of the broker; the connection stays open
@@ -115,14 +159,30 @@ class Consuming:
         consume_channel = await connection.channel(publisher_confirms=False)
         await consume_channel.set_qos(prefetch_count=self.prefetch)
         await declare_or_mismatch(consume_channel, self.topology)
+        first = await consume_channel.get_underlay_channel()
+        leftovers = await existing_leftovers(first.connection, self.topology)
+        queues = self.routed_queues()
+        queues += [self.topology.shard_queue(k) for k in leftovers if self.wanted(k)]
+        shard_channels: dict[str, AbstractChannel] = {}
+        for queue in queues:
+            shard_channels[queue] = (
+                first if not shard_channels else await self._shard_channel(connection)
+            )
         self.connection = connection
-        self.channel = await consume_channel.get_underlay_channel()
+        self.by_queue = shard_channels
+        self._let_go.clear()
+        self.channel = next(iter(shard_channels.values()), first)
         if self._connected_before:
             self.metrics.broker_reconnects.inc()
         self._connected_before = True
         self.ok = True
         self.cancelled_note = None
-        log.info("consuming from %s", self.topology.queue)
+        log.info("consuming from %s", ", ".join(queues) or "no shard")
+
+    async def _shard_channel(self, connection: aio_pika.abc.AbstractConnection) -> AbstractChannel:
+        channel = await connection.channel(publisher_confirms=False)
+        await channel.set_qos(prefetch_count=self.prefetch)
+        return await channel.get_underlay_channel()
 
     async def _consume_until_lost(
         self, connection: aio_pika.abc.AbstractConnection, stop: asyncio.Event
@@ -143,14 +203,18 @@ class Consuming:
         channel, connection = self.channel, self.connection
         if channel is None or stopping:
             return
-        self._drop_channel(channel)
+        shard_channels = list(self.by_queue.values()) or [channel]
+        for each in shard_channels:
+            self._drop_channel(each)
         if self.channel is channel:
             self.channel = None
-            self._consumer_tag = None
+            self.by_queue = {}
+            self._tags.clear()
         if connection is not None:
             with broker_failures_suppressed():
                 await connection.close()
-        await unblock_writers(channel)
+        for each in shard_channels:
+            await unblock_writers(each)
 
     async def _wait_and_consume(
         self,
@@ -164,21 +228,29 @@ class Consuming:
 
         def on_cancel(frame: spec.Basic.Cancel) -> None:
             # in the channel's reader (no RPC here); its deliveries die with it, in the loop
+            queue = self._cancelled(str(frame.consumer_tag))
+            if queue is None:
+                return  # a leftover shard deleted (drained and pruned): nothing to declare
             self.ok = False
-            self.cancelled_note = f"consumer of {self.topology.queue} cancelled by the broker"
+            self.cancelled_note = f"consumer of {queue} cancelled by the broker"
             if not cancelled.done():
                 cancelled.set_result(None)
 
-        channel.on_consumer_cancel_callbacks.add(on_cancel)
+        self._on_cancel = on_cancel
+        shard_channels = list(self.by_queue.values()) or [channel]
+        for each in shard_channels:
+            each.on_consumer_cancel_callbacks.add(on_cancel)
         await self.start()
         closed = asyncio.ensure_future(connection.closed())
         stopped = asyncio.ensure_future(stop.wait())
+        watched = {closed, channel.closing, stopped, cancelled}
+        watched |= {each.closing for each in shard_channels}
         try:
-            await asyncio.wait(
-                {closed, channel.closing, stopped, cancelled}, return_when=asyncio.FIRST_COMPLETED
-            )
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            channel.on_consumer_cancel_callbacks.discard(on_cancel)
+            self._on_cancel = None
+            for each in list(self.by_queue.values()) or shard_channels:
+                each.on_consumer_cancel_callbacks.discard(on_cancel)
             for fut in (closed, stopped):
                 fut.cancel()
         if not cancelled.done() or stop.is_set():
@@ -186,31 +258,81 @@ class Consuming:
         log.warning("the broker cancelled our consumer (queue deleted?): declaring it again")
         return True
 
+    def _cancelled(self, tag: str) -> str | None:
+        """The broker cancelled consumer ``tag``: its queue, if it must be declared again (a
+        routed shard, or a tag not known yet: its consume is still under way); None for a
+        leftover shard (deleted once drained)."""
+        for queue, mine in list(self._tags.items()):
+            if mine != tag:
+                continue
+            del self._tags[queue]
+            number = self.topology.shard_number(queue)
+            if number is not None and number > self.topology.shards:
+                self._let_go.add(queue)
+                return None
+            return queue
+        return self.topology.queue
+
     async def start(self) -> None:
-        """basic.consume on the current channel, once, and only while intake is allowed."""
+        """basic.consume on each shard's channel, once, and only while intake is allowed."""
         async with self._lock:
-            channel = self.channel
-            if (
-                self._paused()
-                or self._closing
-                or channel is None
-                or channel.is_closed
-                or self._consumer_tag is not None
-            ):
-                return
-            callback = deliver_inline(channel, self._on_message)
-            ok = await channel.basic_consume(self.topology.queue, callback, no_ack=False)
-            self._consumer_tag = ok.consumer_tag
+            for queue, channel in list(self.by_queue.items()):
+                if (
+                    self._paused()
+                    or self._closing
+                    or channel.is_closed
+                    or queue in self._tags
+                    or queue in self._let_go
+                ):
+                    continue
+                callback = deliver_inline(channel, self._on_message)
+                ok = await channel.basic_consume(queue, callback, no_ack=False)
+                self._tags[queue] = str(ok.consumer_tag)
 
     async def stop(self, *, for_good: bool = False) -> None:
-        """basic.cancel; ``for_good`` (a shutdown): never consume again."""
+        """basic.cancel of every shard's consumer; ``for_good`` (a shutdown): never again."""
         self._closing = self._closing or for_good
         async with self._lock:
-            channel, tag = self.channel, self._consumer_tag
-            self._consumer_tag = None
-            if channel is not None and tag is not None and not channel.is_closed:
-                with broker_failures_suppressed():
-                    await channel.basic_cancel(tag)
+            tags, self._tags = self._tags, {}
+            for queue, tag in tags.items():
+                channel = self.by_queue.get(queue)
+                if channel is not None and not channel.is_closed:
+                    with broker_failures_suppressed():
+                        await channel.basic_cancel(tag)
+
+    async def reconcile(self, leftovers: Mapping[int, int]) -> None:
+        """The queue watch's look at the leftover shards past N that exist now (number ->
+        messages ready): consume a new one, let go of an empty one, consume again one that
+        holds messages again, forget one that is gone (pruned)."""
+        connection = self.connection
+        if connection is None or connection.is_closed or not self.ok:
+            return
+        topology = self.topology
+        wanted = {
+            topology.shard_queue(k): ready for k, ready in leftovers.items() if self.wanted(k)
+        }
+        async with self._lock:
+            for queue in [q for q in self.by_queue if q not in wanted]:
+                number = topology.shard_number(queue)
+                if number is not None and number > topology.shards and queue not in self._tags:
+                    del self.by_queue[queue]  # pruned: nothing of it is held (no consumer)
+                    self._let_go.discard(queue)
+            for queue, ready in wanted.items():
+                if queue not in self.by_queue:
+                    channel = await self._shard_channel(connection)
+                    if self._on_cancel is not None:
+                        channel.on_consumer_cancel_callbacks.add(self._on_cancel)
+                    self.by_queue[queue] = channel
+                    log.info("consuming leftover shard %s too", queue)
+                if ready == 0 and queue in self._tags:
+                    tag = self._tags.pop(queue)
+                    with broker_failures_suppressed():
+                        await self.by_queue[queue].basic_cancel(tag)
+                if ready == 0:
+                    self._let_go.add(queue)
+                else:
+                    self._let_go.discard(queue)
+        await self.start()
 
     async def close(self, deadline: Deadline, *, then_s: float = 0.0) -> None:
         """Close the connection a stop left open, once the broker has had the final acks.
@@ -224,11 +346,13 @@ class Consuming:
         if self.connection is None:
             return
         reserve = then_s + CLOSE_OK_S  # the close may outlast its bound by CLOSE_OK_S
-        channel = self.channel
-        if channel is not None and not channel.is_closed:
+        shard_channels = [c for c in self.by_queue.values() or [self.channel] if c is not None]
+        if any(not channel.is_closed for channel in shard_channels):
             with broker_failures_suppressed(), contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(deadline.left(reserve)):
-                    await channel.basic_qos(prefetch_count=self.prefetch)
+                    for channel in shard_channels:  # acks are per channel: a round trip on each
+                        if not channel.is_closed:
+                            await channel.basic_qos(prefetch_count=self.prefetch)
                     await asyncio.sleep(LAST_ACKS_LINGER_S)
         with broker_failures_suppressed(), contextlib.suppress(TimeoutError):
             await close_connection(self.connection, deadline.left(reserve))

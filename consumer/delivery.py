@@ -90,10 +90,12 @@ class DeadLetterer:
         queue: str,
         hold_s: float,
         backoff: Backoff | None = None,
+        queue_of: Callable[[AbstractChannel], str] | None = None,
     ) -> None:
         self._publisher = publisher
         self._dead_letter_exchange = dead_letter_exchange
         self._queue = queue
+        self._queue_of = queue_of  # the shard queue a channel consumes
         self.hold_s = hold_s
         self.backoff = backoff or RETRY
         self._stopping = asyncio.Event()
@@ -168,8 +170,13 @@ class DeadLetterer:
                 span.set_status(Status(StatusCode.ERROR, failure[:200]))
         return failure
 
+    def queue_for(self, channel: AbstractChannel) -> str:
+        """The queue a delivery of ``channel`` came from (its shard): where its copy goes."""
+        return self._queue if self._queue_of is None else self._queue_of(channel)
+
     async def requeue(self, message: DeliveredMessage, wanted: Callable[[], bool]) -> str | None:
-        """Publish a copy back to the queue; None once routed and confirmed, else why not."""
+        """Publish a copy back to the queue it came from (its shard, through the default
+        exchange); None once routed and confirmed, else why not."""
         headers = _origin(message)
         headers.pop(DELIVERY_COUNT_HEADER, None)
         retries = headers.get(RETRIES_HEADER, 0)
@@ -178,7 +185,7 @@ class DeadLetterer:
             message.body,
             copy_properties(message.header.properties, headers),
             exchange="",
-            routing_key=self._queue,
+            routing_key=self.queue_for(message.channel),
             wanted=wanted,
         )
 

@@ -20,6 +20,16 @@ So: messages ready and no consumer attached, or messages ready and no delivery f
 is "nothing is consuming"; an empty queue while the outbox holds rows is "nothing is arriving"
 (the relay's side).
 
+With queue shards (:class:`Shards`) the look reads every shard the recorder consumes, 1 to N and
+the leftovers past N that still exist (probed N+1, N+2, ... up to the first missing one; past
+those it knows, every :data:`PROBE_NEW_EVERY` looks, since a missing queue costs an error line
+in the broker's log): ``bulk_recorder_queue_messages`` is their ready messages summed,
+``bulk_recorder_queue_consumers`` the fewest consumers on a routed shard (0 when one routed
+shard has none), and ``bulk_recorder_shard_messages{queue}`` and
+``bulk_recorder_shard_consumers{queue}`` each shard's own. The leftovers found, with their
+ready messages, go to :meth:`consumer.consuming.Consuming.reconcile`, which consumes new ones
+and lets go of empty ones. With one shard and no leftover, the figures are the one queue's.
+
 A look that finds the queue deleted exports 0 and 0: nothing waits in it and nothing consumes
 it (the relay's publishes come back unroutable meanwhile, which its own alerts see). A DLQ that
 does not exist reads 0. A look that cannot be made (the recorder not connected, the broker
@@ -33,7 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 
 import aio_pika
 import aiormq
@@ -42,6 +53,7 @@ from bulk_recorder.infra.broker import cancel_requested
 from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.waits import wait_or_stop
+from consumer.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +62,19 @@ UNKNOWN = float("nan")
 _DECLARE_TIMEOUT_S = 10.0
 
 ConnectionGetter = Callable[[], aio_pika.abc.AbstractConnection | None]
+# Past the leftover shards it knows, the watch probes for a new one every this many looks (30 s):
+# the probe of a queue that does not exist is an error line in the broker's log.
+PROBE_NEW_EVERY = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Shards:
+    """The recorder's shards: the topology, which numbers it consumes, and where the leftover
+    shards found (number -> messages ready) are reported."""
+
+    topology: Topology
+    wanted: Callable[[int], bool]
+    reconcile: Callable[[Mapping[int, int]], Awaitable[None]]
 
 
 class QueueWatch:
@@ -63,12 +88,17 @@ class QueueWatch:
         *,
         dlq: str | None = None,
         interval_s: float = DEFAULT_INTERVAL_S,
+        shards: Shards | None = None,
     ) -> None:
         self.metrics = metrics
         self.queue = queue
         self.dlq = dlq if dlq is not None else f"{queue}.dlq"
         self._connection = connection
         self.interval_s = interval_s
+        self.shards = shards
+        self._shard_labels: set[str] = set()  # the queues of the per-shard gauges
+        self._leftovers_known: set[int] = set()  # leftover shards that existed at the last look
+        self._looks = 0
         self._channel: aio_pika.abc.AbstractChannel | None = None
         self._channel_of: aio_pika.abc.AbstractConnection | None = None
         self._received = self._received_total()
@@ -109,6 +139,19 @@ class QueueWatch:
         self.metrics.queue_messages.set(messages)
         self.metrics.queue_consumers.set(consumers)
         self.metrics.dlq_messages.set(dead_letters)
+        if messages != messages:  # unknown: so is every shard's
+            for queue in self._shard_labels:
+                self.metrics.shard_messages.labels(queue=queue).set(UNKNOWN)
+                self.metrics.shard_consumers.labels(queue=queue).set(UNKNOWN)
+
+    def _export_shards(self, counts: Mapping[str, tuple[int, int]]) -> None:
+        for queue in self._shard_labels - counts.keys():  # pruned since the last look
+            self.metrics.shard_messages.remove(queue)
+            self.metrics.shard_consumers.remove(queue)
+        for queue, (messages, consumers) in counts.items():
+            self.metrics.shard_messages.labels(queue=queue).set(messages)
+            self.metrics.shard_consumers.labels(queue=queue).set(consumers)
+        self._shard_labels = set(counts)
 
     async def look(self) -> bool:
         """Passive declares of the queue and its DLQ; False (and every gauge unknown) when there
@@ -118,15 +161,56 @@ class QueueWatch:
         if connection is None or connection.is_closed:
             self._export(UNKNOWN, UNKNOWN, UNKNOWN)
             return False
-        messages, consumers = await self._count(connection, self.queue)
+        if self.shards is None:
+            messages, consumers = await self._count(connection, self.queue)
+        else:
+            messages, consumers = await self._look_at_shards(connection, self.shards)
         dead_letters, _ = await self._count(connection, self.dlq)
         self._export(messages, consumers, dead_letters)
         return True
+
+    async def _look_at_shards(
+        self, connection: aio_pika.abc.AbstractConnection, shards: Shards
+    ) -> tuple[int, int]:
+        """Every shard consumed, routed ones first, then the leftovers that exist; the sum of
+        their ready messages and the fewest consumers on a routed one."""
+        topology = shards.topology
+        counts: dict[str, tuple[int, int]] = {}
+        routed = [k for k in range(1, topology.shards + 1) if shards.wanted(k)]
+        for number in routed:
+            found = await self._probe(connection, topology.shard_queue(number))
+            counts[topology.shard_queue(number)] = found or (0, 0)
+        leftovers: dict[int, int] = {}
+        present: set[int] = set()
+        probe_new = self._looks % PROBE_NEW_EVERY == 0
+        self._looks += 1
+        for number in topology.leftover_numbers():
+            if number not in self._leftovers_known and not probe_new:
+                break
+            found = await self._probe(connection, topology.shard_queue(number))
+            if found is None:
+                break
+            present.add(number)
+            if shards.wanted(number):
+                leftovers[number] = found[0]
+                counts[topology.shard_queue(number)] = found
+        self._leftovers_known = present
+        await shards.reconcile(leftovers)
+        self._export_shards(counts if topology.shards > 1 or leftovers else {})
+        messages = sum(ready for ready, _ in counts.values())
+        on_routed = [counts[topology.shard_queue(k)][1] for k in routed]
+        return messages, min(on_routed, default=0)
 
     async def _count(
         self, connection: aio_pika.abc.AbstractConnection, name: str
     ) -> tuple[int, int]:
         """Messages ready in queue ``name`` and consumers attached to it; 0 and 0 if it is gone."""
+        return await self._probe(connection, name) or (0, 0)
+
+    async def _probe(
+        self, connection: aio_pika.abc.AbstractConnection, name: str
+    ) -> tuple[int, int] | None:
+        """Messages ready in queue ``name`` and consumers attached to it; None if it is gone."""
         channel = self._channel
         if channel is None or channel.is_closed or self._channel_of is not connection:
             channel = await asyncio.wait_for(connection.channel(), _DECLARE_TIMEOUT_S)
@@ -137,6 +221,6 @@ class QueueWatch:
             )
         except aiormq.exceptions.ChannelNotFoundEntity:
             self._channel = None  # the broker closed it with its answer: the queue is gone
-            return 0, 0
+            return None
         declared = queue.declaration_result
         return declared.message_count or 0, declared.consumer_count or 0

@@ -249,6 +249,20 @@ class Metrics:
             "Consumers attached to the recorder's queue, from every recorder (passive declare).",
             registry=r,
         )
+        # per shard queue (RABBITMQ_QUEUE_SHARDS): new names, so that the two above keep their
+        # label set (every alert and the KEDA trigger read them as one series a recorder)
+        self.shard_messages = Gauge(
+            p + "shard_messages",
+            "Messages ready in each queue shard the recorder consumes (passive declare).",
+            ["queue"],
+            registry=r,
+        )
+        self.shard_consumers = Gauge(
+            p + "shard_consumers",
+            "Consumers attached to each queue shard the recorder consumes, every recorder's.",
+            ["queue"],
+            registry=r,
+        )
         self.dlq_messages = Gauge(
             p + "dlq_messages",
             "Messages waiting in the dead-letter queue (<queue>.dlq), dead-lettered by the "

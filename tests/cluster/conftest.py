@@ -1,6 +1,8 @@
 """Cluster fixtures: a three-node RabbitMQ cluster and PostgreSQL primary + standby pairs.
 
-``rabbit_cluster`` is one cluster for the whole session (it takes some 20 s to start on this
+``rabbit_cluster`` is one cluster for the whole session, with the random exchange plugin enabled
+on every node at boot (``RABBITMQ_QUEUE_SHARDS`` > 1 routes through it; ``shard_cluster`` names
+that need) (it takes some 20 s to start on this
 machine), shared by every module that asks for it, and stopped once no test left in the
 session needs it (so it does not idle beside the rest of the suite); before each test every
 node that an earlier test killed is restarted, so tests do not depend on their order.
@@ -37,7 +39,7 @@ def rabbit_cluster_module(
             f"({rabbitmq_node.SERVER}); deselect these tests with -m 'not cluster'"
         )
     failed_before = request.session.testsfailed
-    cluster = RabbitCluster(tmp_path_factory.mktemp("rabbit-cluster"))
+    cluster = RabbitCluster(tmp_path_factory.mktemp("rabbit-cluster"), plugins=SHARD_PLUGINS)
     cluster.start()
     _STARTED.append(cluster)
     print(
@@ -54,6 +56,9 @@ def rabbit_cluster_module(
 
 
 _STARTED: list[RabbitCluster] = []
+# enabled at boot on every node of the session's cluster: queue shards route through an x-random
+# exchange (RABBITMQ_QUEUE_SHARDS > 1)
+SHARD_PLUGINS = ("rabbitmq_random_exchange",)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -74,6 +79,13 @@ def rabbit_cluster(rabbit_cluster_module: RabbitCluster) -> RabbitCluster:
         if not node.running:
             rabbit_cluster_module.restart(node)
     return rabbit_cluster_module
+
+
+@pytest.fixture
+def shard_cluster(rabbit_cluster: RabbitCluster) -> RabbitCluster:
+    """The session's three-node cluster, every node running, with ``rabbitmq_random_exchange``
+    enabled on each (what RABBITMQ_QUEUE_SHARDS > 1 needs)."""
+    return rabbit_cluster
 
 
 @pytest.fixture

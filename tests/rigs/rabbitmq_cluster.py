@@ -68,6 +68,7 @@ class RabbitCluster:
     # the standard ports, and `config` (extra rabbitmq.conf text) for every node
     hosts: list[Host] | None = None
     config: str = ""
+    plugins: tuple[str, ...] = ()  # enabled at boot on every node
     nodes: list[RabbitNode] = field(init=False)
     timings: dict[str, float] = field(default_factory=dict, init=False)
 
@@ -80,6 +81,7 @@ class RabbitCluster:
                     self.base_dir / f"node{i}",
                     cookie=cookie,
                     config=self.config,
+                    plugins=self.plugins,
                 )
                 for i in range(1, self.size + 1)
             ]
@@ -89,6 +91,7 @@ class RabbitCluster:
             RabbitNode(
                 f"{self.prefix}n{i}", self.base_dir / f"node{i}", amqp_port=5672,
                 dist_port=25672, cookie=cookie, config=self.config, host=host,
+                plugins=self.plugins,
             )
             for i, host in enumerate(self.hosts, start=1)
         ]  # fmt: skip

@@ -74,6 +74,8 @@ class RabbitNode:
     config: str = ""
     listen_plain: bool = True
     host: Host | None = None  # in this network namespace, on its address (tests/rigs/netns.py)
+    # plugins enabled at boot (its enabled_plugins file), e.g. ("rabbitmq_random_exchange",)
+    plugins: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -107,7 +109,7 @@ class RabbitNode:
             cookie.write_text(self.cookie)
             cookie.chmod(0o400)
         (self.base_dir / "rabbitmq-env.conf").write_text("")
-        (self.base_dir / "enabled_plugins").write_text("[].\n")
+        (self.base_dir / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         lines = [
             # guest may log in from loopback only, which is where the tests are (in a
             # namespace of its own a node is reached from other hosts' addresses only)

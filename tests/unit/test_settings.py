@@ -232,3 +232,69 @@ def test_every_default_docs_settings_states_is_the_codes() -> None:
         if not same:
             differ.append(f"{name}: documented {documented!r}, code {default!r}")
     assert differ == []
+
+
+def test_one_queue_shard_unless_set(clean_env: pytest.MonkeyPatch) -> None:
+    """RABBITMQ_QUEUE_SHARDS is 1 by default (today's one queue) and every shard is consumed."""
+    for name in ("RABBITMQ_QUEUE_SHARDS", "RABBITMQ_QUEUE_SHARDS_CONSUMED"):
+        clean_env.delenv(name, raising=False)
+    s = load_settings()
+    assert s.rabbitmq_queue_shards == 1
+    assert s.rabbitmq_queue_shards_consumed == ""
+    assert s.shards_consumed == ()
+
+
+def test_queue_shards_run_from_1_to_64(clean_env: pytest.MonkeyPatch) -> None:
+    for shards in (1, 2, 63, 64):
+        clean_env.setenv("RABBITMQ_QUEUE_SHARDS", str(shards))
+        assert load_settings().rabbitmq_queue_shards == shards
+    for bad in ("0", "65", "-1", "three"):
+        clean_env.setenv("RABBITMQ_QUEUE_SHARDS", bad)
+        with pytest.raises(SettingsError, match=f"RABBITMQ_QUEUE_SHARDS: .*got '{bad}'"):
+            load_settings()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1", (1,)),
+        ("1,3", (1, 3)),
+        ("2-4", (2, 3, 4)),
+        (" 3 , 1-2 ", (1, 2, 3)),
+        ("64", (64,)),
+        ("63-64", (63, 64)),
+        ("5-5", (5,)),
+        ("", ()),
+    ],
+)
+def test_the_shards_consumed_are_a_list_of_numbers_and_ranges(
+    clean_env: pytest.MonkeyPatch, value: str, expected: tuple[int, ...]
+) -> None:
+    clean_env.setenv("RABBITMQ_QUEUE_SHARDS_CONSUMED", value)
+    assert load_settings().shards_consumed == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("0", "shard 0 is out of range"),
+        ("65", "shard 65 is out of range"),
+        ("1-65", "shard 65 is out of range"),
+        ("0-2", "shard 0 is out of range"),
+        ("4-2", "runs backwards"),
+        ("1,,3", "empty entry"),
+        ("1;3", "not a shard number"),
+        ("a-b", "not a shard number"),
+        ("2-", "not a shard number"),
+    ],
+)
+def test_a_bad_shard_list_names_the_variable_and_the_entry(
+    clean_env: pytest.MonkeyPatch, value: str, why: str
+) -> None:
+    clean_env.setenv("RABBITMQ_QUEUE_SHARDS_CONSUMED", value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith("invalid settings: RABBITMQ_QUEUE_SHARDS_CONSUMED:"), message
+    assert why in message, message
+    assert repr(value) in message, message

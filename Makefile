@@ -156,17 +156,20 @@ soak: $(STAMP)
 # Every fault in one run, long (tests/cluster/test_all_faults.py; `make test` runs a short one):
 # SOAK_SECONDS (240) of traffic for each of SOAK_CLUSTER_RUNS (3) random seeds, or SEED=N
 # (or SEED=N,M) to run exactly those. Prints each seed and its schedule first, its report last.
+# SHARDS=N (1) runs every role with RABBITMQ_QUEUE_SHARDS=N (the soak's SOAK_SHARDS).
 SEED ?=
+SHARDS ?= 1
 soak-cluster: $(STAMP)
-	SOAK_CLUSTER=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/cluster/test_all_faults.py
+	SOAK_CLUSTER=1 SOAK_SEED=$(SEED) SOAK_SHARDS=$(SHARDS) $(BIN)/pytest -q -s -p no:cacheprovider tests/cluster/test_all_faults.py
 
 # Partitions for real (tests/partitions, root: hosts in network namespaces, nft drops), long:
 # the broker-minority scenario under pause_minority and autoheal, the recorder cut from the
 # database and from the brokers each way (30-40 s cuts), and the nemesis run for SOAK_SECONDS
 # (180) with four faults a minute, for SOAK_PARTITION_RUNS (2) random seeds or SEED=N (or
 # SEED=N,M). `make test` runs the short ones (pause_minority, one way of each recorder cut).
+# SHARDS=N (1): the nemesis run's roles with RABBITMQ_QUEUE_SHARDS=N.
 soak-partitions: $(STAMP) system-tools
-	SOAK_PARTITIONS=1 SOAK_SEED=$(SEED) $(BIN)/pytest -q -s -p no:cacheprovider tests/partitions
+	SOAK_PARTITIONS=1 SOAK_SEED=$(SEED) SOAK_SHARDS=$(SHARDS) $(BIN)/pytest -q -s -p no:cacheprovider tests/partitions
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -2,7 +2,7 @@
 
 Each fault runs as its own task from its start time, so faults overlap as drawn. Two rules keep
 the cluster recoverable: one broker node down at a time (a kill waits until the node killed
-before it is back and every member of the queue is online again), and one fault at a time
+before it is back and every member of each queue is online again), and one fault at a time
 on each process and each proxy. What was applied, when (seconds after the traffic started)
 and what it met is kept in :attr:`FaultRunner.applied` for the report.
 
@@ -48,7 +48,9 @@ class Applied:
 class FaultRunner:
     cluster: RabbitCluster
     pg: PgCluster
-    queues: tuple[str, str]  # the main queue and its DLQ: whose leader a node kill took
+    # the main queue (or each shard of it, 1 to N) and the DLQ last: whose leader a node kill
+    # took
+    queues: tuple[str, ...]
     mq_proxies: list[TcpProxy]  # one a broker node, in node order
     db_proxies: list[TcpProxy]  # [primary's, standby's]
     procs: dict[str, RecorderProcess]  # "recorder-0", "recorder-1", "relay", "api"
@@ -103,12 +105,22 @@ class FaultRunner:
                 for queue in self.queues:
                     await asyncio.to_thread(self.cluster.wait_all_online, queue, timeout=120)
                 await asyncio.to_thread(self._read_leaders)
-        what = f"led the {' and the '.join(led)}" if led else "led neither queue"
+        what = f"led the {' and the '.join(led)}" if led else f"led {self._none_led()}"
         self._record(fault, began, f"{node.name}, {what}; back in the cluster after {back:.1f} s")
+
+    def _names(self) -> list[str]:
+        """What the report calls each queue: the main queue, or shard 1 to N, then the DLQ."""
+        shards = len(self.queues) - 1
+        if shards == 1:
+            return ["main queue", "DLQ"]
+        return [*(f"shard {k}" for k in range(1, shards + 1)), "DLQ"]
+
+    def _none_led(self) -> str:
+        return "neither queue" if len(self.queues) == 2 else "no queue"
 
     def _read_leaders(self) -> None:
         statuses = self.cluster.queue_statuses()
-        for name, queue in zip(("main queue", "DLQ"), self.queues, strict=True):
+        for name, queue in zip(self._names(), self.queues, strict=True):
             status = statuses.get(queue)
             self._leaders[name] = status.leader if status is not None else None
 

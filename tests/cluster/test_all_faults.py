@@ -20,12 +20,18 @@ schedule each day, as the mutants' pair). ``SOAK_CLUSTER=1`` (``make soak-cluste
 long run: ``SOAK_SECONDS`` (default 240) of traffic with about 1.5 faults of each kind a minute,
 for ``SOAK_CLUSTER_RUNS`` (default 3) random seeds unless ``SOAK_SEED`` names them. The seed and
 the schedule are printed first; the report last, and again in pytest's summary.
+
+The shards: ``SOAK_SHARDS`` (default 1, ``make soak-cluster SHARDS=N``) runs every role with
+``RABBITMQ_QUEUE_SHARDS=N``: the records spread over N quorum queues (the cluster rig's nodes
+run the random exchange plugin), each node kill may take the leader of several, and the audit
+reads every shard (drained, nothing unacked).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import random
@@ -35,13 +41,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+import aio_pika
 import asyncpg
 import httpx
 import pytest
 
 from bulk_recorder.infra import pg_hosts
 from consumer.tools.generator import Generator
-from consumer.topology import Topology
+from consumer.topology import Topology, delete_topology
 from tests.cluster.conftest import SOAK_REPORTS, PgClusterFactory
 from tests.cluster.failover_support import CommitWatch, cluster_settings, open_broker
 from tests.cluster.fault_runner import Applied, FaultRunner
@@ -64,14 +71,22 @@ PLAN = (
 )
 
 
+# RABBITMQ_QUEUE_SHARDS of every role (make soak-cluster SHARDS=N)
+SHARDS = int(os.environ.get("SOAK_SHARDS", "1"))
+
+
 def _seeds() -> list[int]:
     return run_seeds(LONG, int(os.environ.get("SOAK_CLUSTER_RUNS", "3")))
 
 
 def reproduce(seed: int) -> str:
     if LONG:
-        return f"make soak-cluster SEED={seed}"
-    return f"SOAK_SEED={seed} .venv/bin/pytest -p no:cacheprovider tests/cluster/test_all_faults.py"
+        return f"make soak-cluster SEED={seed}" + (f" SHARDS={SHARDS}" if SHARDS > 1 else "")
+    shards = f"SOAK_SHARDS={SHARDS} " if SHARDS > 1 else ""
+    return (
+        f"SOAK_SEED={seed} {shards}.venv/bin/pytest -p no:cacheprovider "
+        "tests/cluster/test_all_faults.py"
+    )
 
 
 pytestmark = [
@@ -132,6 +147,7 @@ async def start_processes(
             topo,
             bulk_recorder_db_command_timeout_s=DB_COMMAND_TIMEOUT,
             metrics_port=0 if name == "api" else ports[name],
+            rabbitmq_queue_shards=topo.shards,
             **more,
         )
 
@@ -165,20 +181,38 @@ async def not_ready(ports: dict[str, int]) -> list[str]:
     return out
 
 
+@pytest.fixture
+async def soak_topology(
+    rabbit_cluster: RabbitCluster, cluster_topology: Topology
+) -> AsyncIterator[Topology]:
+    """The test's names with SOAK_SHARDS shards; shards 2..N and their exchange deleted
+    afterwards (``cluster_topology`` deletes the rest)."""
+    topo = dataclasses.replace(cluster_topology, shards=SHARDS)
+    yield topo
+    if topo.shards == 1:
+        return
+    connection = await aio_pika.connect(rabbit_cluster.running_nodes()[0].url, timeout=30)
+    try:
+        left = await delete_topology(connection, topo)
+    finally:
+        await connection.close()
+    assert not left, f"test topology left on the cluster: {left}"
+
+
 @pytest.mark.parametrize("seed", _seeds(), ids=lambda s: f"seed={s}")
 async def test_every_fault_in_one_run(
     seed: int,
     rabbit_cluster: RabbitCluster,
-    cluster_topology: Topology,
+    soak_topology: Topology,
     pg_clusters: PgClusterFactory,
     recorders,
 ) -> None:
     schedule = draw(seed, PLAN)
-    print(f"\nall-faults run, seed {seed} (reproduce: {reproduce(seed)})")
+    print(f"\nall-faults run, seed {seed}, {SHARDS} shard(s) (reproduce: {reproduce(seed)})")
     print(f"schedule ({len(schedule)} faults over {PLAN.seconds:.0f} s of traffic):")
     print("\n".join("  " + f.line() for f in schedule))
 
-    cluster, topo = rabbit_cluster, cluster_topology
+    cluster, topo = rabbit_cluster, soak_topology
     phases = Phases()
     pg = await asyncio.to_thread(pg_clusters, True)
     name = unique_name("brsoak")
@@ -186,7 +220,8 @@ async def test_every_fault_in_one_run(
     key = await provision_key(direct)  # migrates (creates the database on the primary)
     broker = await open_broker(cluster, topo)
     await broker.close()
-    await asyncio.to_thread(cluster.wait_all_online, topo.queue)
+    for queue in topo.shard_queues():
+        await asyncio.to_thread(cluster.wait_all_online, queue)
     async with (
         proxies([n.amqp_port for n in cluster.nodes]) as mq,
         proxies([pg.primary.port, pg.standby.port]) as dbp,
@@ -229,7 +264,12 @@ async def run_and_audit(
     jobs = JobClient(base_url=rig.api, gen=Generator.create(gens.randrange(2**32)), auth=auth)
     queue = QueueTraffic(cluster.rabbitmq_url, topo.exchange, seed)
     runner = FaultRunner(
-        cluster, pg, (topo.queue, topo.dead_letter_queue), rig.mq_proxies, rig.db_proxies, rig.procs
+        cluster,
+        pg,
+        (*topo.shard_queues(), topo.dead_letter_queue),
+        rig.mq_proxies,
+        rig.db_proxies,
+        rig.procs,
     )
     await runner.prepare()
     watch = await CommitWatch(rig.direct_dsn).start()
@@ -336,7 +376,7 @@ def render(
     at, gap, _ = watch.longest_stall_span_after(t0)
     sent, _ = queue.merged()
     lines = [
-        f"all-faults run, seed {seed}: reproduce with {reproduce(seed)}",
+        f"all-faults run, seed {seed}, {SHARDS} shard(s): reproduce with {reproduce(seed)}",
         f"  traffic {PLAN.seconds:.0f} s, faults over at t+{ended:.1f} s",
         f"  rows: {watch.latest()} records ({sum(len(c.accepted) for c in clients)} transactions"
         f" and {len(jobs.annotations)} annotations in {len(jobs.jobs)} jobs through the API,"

@@ -66,7 +66,7 @@ class Audit:
     dlq_unexpected: list[str] = field(default_factory=list)
     dlq_wrong_reason: list[str] = field(default_factory=list)
     dlq_without_reason: int = 0
-    main_queue_ready: int = 0
+    main_queue_ready: int = 0  # summed over the main queue's shards
 
     def line(self) -> str:
         return (
@@ -289,17 +289,21 @@ async def wait_until_settled(
     timeout: float | None = None,
 ) -> None:
     """Wait until every valid record is in the tables, the DLQ holds at least the invalid
-    messages and the main queue has nothing ready (liveness bound, not a speed assertion)."""
+    messages and the main queue (each of its shards) has nothing ready (liveness bound, not a
+    speed assertion)."""
     conn = await connect()
     valid = sum(len(ids) for ids in report.ids.values())
     topo = broker.topology
 
     async def done() -> bool:
-        return (
-            await row_counts(conn) >= valid
-            and await broker.ready_count(topo.dead_letter_queue) >= report.invalid
-            and await broker.ready_count(topo.queue) == 0
-        )
+        if await row_counts(conn) < valid:
+            return False
+        if await broker.ready_count(topo.dead_letter_queue) < report.invalid:
+            return False
+        for queue in topo.shard_queues():  # the one main queue, or each of its shards
+            if await broker.ready_count(queue) != 0:
+                return False
+        return True
 
     await wait_for(done, timeout=timeout or scale(180, 1800), interval=0.25)
 
@@ -313,7 +317,8 @@ async def audit_run(
     expected_dlq: Counter[str] | None = None,
     unconfirmed: Mapping[str, set[str]] | None = None,
 ) -> Audit:
-    """Compare tables, balances, the DLQ and the main queue with what was published.
+    """Compare tables, balances, the DLQ and the main queue (every shard of it) with what was
+    published.
 
     Call it after every recorder stopped (then a ready count of 0 means nothing was left
     unacked). ``expected_dlq`` is the multiset of reason shapes expected in the DLQ (default:
@@ -330,7 +335,9 @@ async def audit_run(
     audit.balance_mismatches = int(await conn.fetchval(_BALANCE_MISMATCHES))
     audit.operations_missing = int(await conn.fetchval(_OPERATIONS_MISSING))
     audit.doubled = audit.phantom + audit.balance_mismatches
-    audit.main_queue_ready = await settled_count(broker, broker.topology.queue)
+    audit.main_queue_ready = sum(
+        [await settled_count(broker, queue) for queue in broker.topology.shard_queues()]
+    )
 
     expected = expected_dlq if expected_dlq is not None else expected_invalid_shapes(report.invalid)
     dead = await broker.drain(broker.topology.dead_letter_queue)

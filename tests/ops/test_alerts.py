@@ -117,6 +117,7 @@ CROSS_ENVIRONMENT = (
     "NothingArriving",
     "BulkRecorderAbsent",
     "DeadLettersArriving",
+    "QueueShardBacklogGrowing",
 )
 AGGREGATION = re.compile(
     r"\b(sum|max|min|count|avg|group|stddev|topk|bottomk|quantile)\s*(by|without)?\s*\("

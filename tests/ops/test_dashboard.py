@@ -1,10 +1,12 @@
 """The Grafana dashboard is well formed and covers what an operator needs (issue 12, part 4;
-issue 29, part 1; issue 39, part 4).
+issue 29, part 1; issue 39, part 4), queue shards included.
 
 Its queries are run against a live Prometheus by tests/ops/test_prometheus_live.py; this file
 checks what Grafana itself relies on: the datasource variable, the namespace and job variables
 every query filters by, this service's label on every selector, panel ids and layout, one unit
-per axis, the alert annotations and the runbooks link, and that every topic has a panel.
+per axis, the alert annotations and the runbooks link, and that every topic has a panel. The
+queue shards' panel is evaluated by promtool on three shards and on one queue (the live test's
+broker runs one queue only).
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from tests.ops.conftest import GRAFANA_DIR, load_yaml
+import yaml
+
+from tests.ops.conftest import GRAFANA_DIR, load_yaml, run_tool
 from tests.ops.gen_rules import RUNBOOK_BASE
 
 DASHBOARD = GRAFANA_DIR / "dashboards" / "bulk-recorder.json"
@@ -47,7 +52,11 @@ TOPICS = {
     "API event-loop lag": "bulk_recorder_api_event_loop_lag_seconds_bucket",
     "API pool wait": "bulk_recorder_api_db_acquire_seconds_bucket",
     "running versions": "bulk_recorder_build_info",
+    # queue shards (RABBITMQ_QUEUE_SHARDS)
+    "each shard's depth": "bulk_recorder_shard_messages",
+    "each shard's consumers": "bulk_recorder_shard_consumers",
 }
+SHARD_PANEL = "Queue shards: ready messages and consumers"
 # The label the PodMonitor and prometheus.yml give this service's targets: another
 # application's job="api" in the same Prometheus is not drawn here.
 SERVICE_MATCHER = 'service="bulk-recorder"'
@@ -213,3 +222,55 @@ def test_the_dashboard_links_the_runbooks() -> None:
         link["url"] == RUNBOOK_BASE and "unbook" in link["title"] and link["targetBlank"]
         for link in links
     ), links
+
+
+def _series(metric: str, namespace: str, value: float, **labels: str) -> dict[str, str]:
+    chosen = {"service": "bulk-recorder", "namespace": namespace, "job": "recorder", **labels}
+    text = ", ".join(f'{k}="{v}"' for k, v in chosen.items())
+    return {"series": f"{metric}{{{text}}}", "values": f"{value:g}"}
+
+
+def test_the_shard_panel_draws_each_shard_or_else_the_one_queue(
+    promtool: str, tmp_path: Path
+) -> None:
+    """promtool evaluates the panel's queries: in prod, three shards exported by two recorders
+    give one line a shard (its queue label; not the whole-queue sum beside them); in dev, one
+    queue (no shard series) gives that queue's line, as the panel above draws it."""
+    (panel,) = [p for p in _panels() if p["title"] == SHARD_PANEL]
+    shards = {"records": (5, 2), "records.shard-2": (7, 0), "records.shard-3": (9, 3)}
+    cases = []
+    for target, (shard, whole, index) in zip(
+        panel["targets"],
+        (
+            ("bulk_recorder_shard_messages", "bulk_recorder_queue_messages", 0),
+            ("bulk_recorder_shard_consumers", "bulk_recorder_queue_consumers", 1),
+        ),
+        strict=True,
+    ):
+        assert shard in target["expr"], target["expr"]
+        assert "{{queue}}" in target["legendFormat"], target
+        series = [
+            _series(shard, "prod", figures[index], instance=instance, queue=queue)
+            for queue, figures in shards.items()
+            for instance in ("a:9464", "b:9464")
+        ]
+        series += [
+            _series(whole, "prod", (21, 0)[index], instance="a:9464"),
+            _series(whole, "dev", (4, 1)[index], instance="c:9464"),
+        ]
+        expected = [
+            {"labels": f'{{namespace="prod", queue="{queue}"}}', "value": figures[index]}
+            for queue, figures in shards.items()
+        ]
+        expected.append({"labels": '{namespace="dev"}', "value": (4, 1)[index]})
+        expr = target["expr"].replace("$namespace", ".*").replace("$job", "recorder|relay|api")
+        cases.append(
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [{"expr": expr, "eval_time": "0m", "exp_samples": expected}],
+            }
+        )
+    (tmp_path / "panel.test.yml").write_text(yaml.safe_dump({"rule_files": [], "tests": cases}))
+    tested = run_tool(promtool, "test", "rules", "panel.test.yml", cwd=tmp_path)
+    assert tested.ok, tested.output

@@ -11,8 +11,9 @@ Standard; every environment variable is a setting (or a ``*_FILE`` twin) with a 
 ports and probe paths are the ones settings.py and the health servers give each role; the URLs
 come as files from one Secret, each role reading only its own login; the grace period covers the
 shutdown timeout; the monitor scrapes each role under the job name the alert rules use; KEDA
-scales the recorder on its queue (RABBITMQ_QUEUE, followed on an edited copy), owns its count
-(no ``replicas``) and scales down through the HPA behavior, with a fallback; the migrate Job is
+scales the recorder on its queue (RABBITMQ_QUEUE, followed on an edited copy), and with queue
+shards on every shard the settings make, owns its count (no ``replicas``) and scales down
+through the HPA behavior, with a fallback; the migrate Job is
 named after its image tag (an edited copy with another tag gets another name) and bounded;
 each role has its own ServiceAccount without a token and a NetworkPolicy letting it reach only
 its broker, database and DNS, and only the scraper reach its metrics port; the recorder's memory
@@ -46,12 +47,13 @@ import bulk_recorder
 from bulk_recorder.infra.stop_budget import GRACE_MARGIN_S, Role, stop_budget
 from consumer.cli import build_parser
 from consumer.health import HealthServer
+from consumer.topology import Topology
 from settings import DEFAULT_METRICS_PORTS, SECRET_FILE_SETTINGS, Settings
 from tests.ops.conftest import DEPLOY, PROMETHEUS_CONFIG, REPO, load_yaml
 
 KUBERNETES = DEPLOY / "kubernetes"
 DOCKERFILE = REPO / "Dockerfile"
-RENDERED = ("base", "overlays/dev", "overlays/production")
+RENDERED = ("base", "overlays/dev", "overlays/production", "overlays/production-shards")
 # The oldest Kubernetes the manifests claim, and the newest kubernetes-validate knows.
 SCHEMA_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 CUSTOM_KINDS = {"PodMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication"}
@@ -757,6 +759,60 @@ def test_keda_follows_the_queue_the_recorders_consume(render: Render, tmp_path: 
     (scaled,) = _of_kind(objects, "ScaledObject").values()
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["metadata"]["queueName"] == "other.records", trigger
+
+
+def _shard_triggers(objects: list[dict[str, Any]]) -> tuple[Settings, list[dict[str, Any]]]:
+    """The recorder's settings and the KEDA triggers of a render with queue shards."""
+    recorder = _container(_workloads(objects)["recorder"])
+    settings = _settings(_effective_environment(objects, recorder))
+    (scaled,) = _of_kind(objects, "ScaledObject").values()
+    triggers: list[dict[str, Any]] = scaled["spec"]["triggers"]
+    return settings, triggers
+
+
+def test_keda_with_queue_shards_reads_every_shard_the_settings_make(
+    renders: dict[str, list[dict[str, Any]]], render: Render, tmp_path: Path
+) -> None:
+    """KEDA's rabbitmq trigger reads one queue, and the HPA takes the largest of its triggers'
+    proposals: with N shards, one trigger a shard, each on 1/N of the one queue's per-recorder
+    target (the shards fill evenly, so N x the deepest is the whole backlog). Every role runs
+    the same shard count; the triggers follow RABBITMQ_QUEUE (an edited copy renames it)."""
+    (single,) = _of_kind(renders["overlays/production"], "ScaledObject").values()
+    (one,) = single["spec"]["triggers"]
+    target = int(one["metadata"]["value"])
+
+    def renamed(kustomization: dict[str, Any]) -> None:
+        kustomization["configMapGenerator"] = [
+            {
+                "name": "bulk-recorder-settings",
+                "behavior": "merge",
+                "literals": ["RABBITMQ_QUEUE=other.records"],
+            }
+        ]
+
+    sharded = renders["overlays/production-shards"]
+    other = render(_edited_copy(tmp_path, "overlays/production-shards", renamed))
+    for objects, queue in ((sharded, "bulk_recorder.records"), (other, "other.records")):
+        settings, triggers = _shard_triggers(objects)
+        shards = settings.rabbitmq_queue_shards
+        assert settings.rabbitmq_queue == queue, settings
+        assert shards > 1, settings
+        assert settings.rabbitmq_queue_shards_consumed == "", "every recorder takes every shard"
+        expected = Topology.from_settings(settings).shard_queues()
+        assert [t["metadata"]["queueName"] for t in triggers] == expected, triggers
+        for trigger in triggers:
+            assert trigger["type"] == "rabbitmq", trigger
+            assert trigger["authenticationRef"] == one["authenticationRef"], trigger
+            metadata = trigger["metadata"]
+            assert set(metadata) == set(one["metadata"]), trigger
+            assert (metadata["protocol"], metadata["mode"]) == ("amqp", "QueueLength")
+            # ceil(target / N): N of them make the one queue's target, give or take N - 1
+            assert int(metadata["value"]) == -(-target // shards), (trigger, target, shards)
+        for role in ("relay", "api"):
+            process = _container(_workloads(objects)[role])
+            assert _settings(_effective_environment(objects, process)).rabbitmq_queue_shards == (
+                shards
+            ), role
 
 
 def test_the_migrate_job_is_named_after_its_image_so_an_upgrade_applies(

@@ -6,7 +6,10 @@ needs it; its teardown checks that nothing is left behind (namespaces, links or 
 root namespace changed) and fails the session's last test that used it if something is.
 ``hosted`` gives each test a fresh PostgreSQL pair, forwarders and a process launcher, and
 heals every partition afterwards, waiting until the cluster has every node running again.
-``hosted_topology`` makes unique exchange and queue names on the cluster and deletes them.
+``hosted_topology`` makes unique exchange and queue names on the cluster and deletes them,
+with ``shards`` queue shards (1 here; a module overrides the fixture, as the nemesis run does
+with ``SOAK_SHARDS``). With ``SOAK_SHARDS`` above 1 the session's broker nodes run the random
+exchange plugin that RABBITMQ_QUEUE_SHARDS > 1 routes through.
 
 Without root the tests skip, saying so; as root without ``ip`` or ``nft`` they fail (``make
 test`` installs them: ``make system-tools``).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -29,7 +33,9 @@ from tests.faults.conftest import (
     recorders,  # noqa: F401  (real service processes)
 )
 from tests.rigs import netns, postgres_cluster, rabbitmq_node
-from tests.rigs.hosted import Hosted, Hosts, start_pg
+from tests.rigs.hosted import BROKERS, HOSTS, Hosted, Hosts, start_pg
+from tests.rigs.netns import Net
+from tests.rigs.rabbitmq_cluster import RabbitCluster
 from tests.rigs.rabbitmq_node import RabbitNode
 from tests.rigs.wait import poll
 
@@ -42,6 +48,13 @@ RABBIT_CONFIG = (
     f"cluster_partition_handling = pause_minority\nnet_ticktime = {NET_TICKTIME}\n"
     "log.console.level = info\n"
 )
+
+
+# RABBITMQ_QUEUE_SHARDS of the nemesis run's roles (make soak-partitions SHARDS=N)
+SHARDS = int(os.environ.get("SOAK_SHARDS", "1"))
+# enabled at boot on every broker node when SHARDS > 1: the shards route through an x-random
+# exchange
+SHARD_PLUGINS = ("rabbitmq_random_exchange",)
 
 
 def _check_machine() -> None:
@@ -71,7 +84,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="session")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     _check_machine()
-    started = Hosts.start(tmp_path_factory.mktemp("netns"), RABBIT_CONFIG)
+    folder = tmp_path_factory.mktemp("netns")
+    started = Hosts.start(folder, RABBIT_CONFIG) if SHARDS == 1 else _start_with_plugins(folder)
     _STARTED.append(started)
     print(
         f"\nnetns rig {started.net.prefix}: cluster start {started.rabbit.timings['start']:.1f} s"
@@ -80,6 +94,24 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
         yield started
     finally:
         _stop(started)
+
+
+def _start_with_plugins(folder: Path) -> Hosts:
+    """:meth:`Hosts.start` with :data:`SHARD_PLUGINS` enabled on every broker node (it passes
+    no plugins to its cluster)."""
+    net = Net(HOSTS).start()
+    try:
+        rabbit = RabbitCluster(
+            folder / "rabbit",
+            hosts=[net.host(n) for n in BROKERS],
+            config=RABBIT_CONFIG,
+            plugins=SHARD_PLUGINS,
+        )
+        rabbit.start()
+    except BaseException:
+        net.close()
+        raise
+    return Hosts(net, rabbit)
 
 
 def _stop(started: Hosts) -> None:
@@ -155,10 +187,22 @@ async def hosted(
 
 
 @pytest.fixture
-async def hosted_topology(hosted: Hosted) -> AsyncIterator[Topology]:
-    """Unique exchange and queue names on the hosted cluster, declared; deleted afterwards."""
+def shards() -> int:
+    """The queue shards of ``hosted_topology``: one, unless a module says otherwise."""
+    return 1
+
+
+@pytest.fixture
+async def hosted_topology(hosted: Hosted, shards: int) -> AsyncIterator[Topology]:
+    """Unique exchange and queue names on the hosted cluster, with ``shards`` queue shards,
+    declared; deleted afterwards (every shard)."""
     suffix = uuid.uuid4().hex[:10]
-    topo = Topology(exchange=f"brnx.{suffix}", queue=f"brnx.{suffix}.records", delivery_limit=5)
+    topo = Topology(
+        exchange=f"brnx.{suffix}",
+        queue=f"brnx.{suffix}.records",
+        delivery_limit=5,
+        shards=shards,
+    )
     urls = hosted.test_amqp_urls()
     connection = await aio_pika.connect(urls[0], timeout=30)
     try:

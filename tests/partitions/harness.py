@@ -219,6 +219,7 @@ class Run:
             self.topo,
             role,
             bulk_recorder_db_command_timeout_s=DB_COMMAND_TIMEOUT,
+            rabbitmq_queue_shards=self.topo.shards,
             **more,
         )
 

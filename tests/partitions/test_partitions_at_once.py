@@ -12,6 +12,8 @@ The seed: ``SOAK_SEED`` (one or several, comma-separated), else today's date. ``
 runs 30 s with three faults; ``SOAK_PARTITIONS=1`` (``make soak-partitions``) runs
 ``SOAK_SECONDS`` (180) with four faults a minute for ``SOAK_PARTITION_RUNS`` (2) random seeds.
 The seed and schedule are printed first, the report last (and in pytest's summary).
+``SOAK_SHARDS`` (default 1; ``make soak-partitions SHARDS=N``) runs every role with
+``RABBITMQ_QUEUE_SHARDS=N``, the audit reading every shard.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pytest
 
 from consumer.topology import Topology
 from tests.cluster.schedule import run_seeds
-from tests.partitions.conftest import REPORTS, cluster_whole
+from tests.partitions.conftest import REPORTS, SHARDS, cluster_whole
 from tests.partitions.harness import Run
 from tests.partitions.nemesis import KINDS, SHORT_KINDS, Nemesis, Plan, draw
 from tests.rigs.hosted import Hosted
@@ -40,11 +42,18 @@ def _seeds() -> list[int]:
     return run_seeds(LONG, int(os.environ.get("SOAK_PARTITION_RUNS", "2")))
 
 
+@pytest.fixture
+def shards() -> int:
+    """This run's queue shards: SOAK_SHARDS (``hosted_topology`` makes that many)."""
+    return SHARDS
+
+
 def reproduce(seed: int) -> str:
     if LONG:
-        return f"make soak-partitions SEED={seed}"
+        return f"make soak-partitions SEED={seed}" + (f" SHARDS={SHARDS}" if SHARDS > 1 else "")
+    shards = f"SOAK_SHARDS={SHARDS} " if SHARDS > 1 else ""
     return (
-        f"SOAK_SEED={seed} .venv/bin/pytest -p no:cacheprovider "
+        f"SOAK_SEED={seed} {shards}.venv/bin/pytest -p no:cacheprovider "
         "tests/partitions/test_partitions_at_once.py"
     )
 
@@ -52,7 +61,7 @@ def reproduce(seed: int) -> str:
 @pytest.mark.parametrize("seed", _seeds(), ids=lambda s: f"seed={s}")
 async def test_partitions_all_at_once(seed: int, hosted: Hosted, hosted_topology: Topology) -> None:
     schedule = draw(seed, PLAN, None if LONG else SHORT_KINDS)
-    print(f"\npartitions run, seed {seed} (reproduce: {reproduce(seed)})")
+    print(f"\npartitions run, seed {seed}, {SHARDS} shard(s) (reproduce: {reproduce(seed)})")
     print(f"schedule ({len(schedule)} faults over {PLAN.seconds:.0f} s of traffic):")
     print("\n".join("  " + f.line() for f in schedule))
     run = await Run.begin(hosted, hosted_topology, seed)
@@ -75,7 +84,7 @@ async def test_partitions_all_at_once(seed: int, hosted: Hosted, hosted_topology
     during = [a.fault.kind for a in nemesis.applied if a.began <= at + gap and a.ended + 1 >= at]
     assert run.queue is not None
     lines = [
-        f"partitions run, seed {seed}: reproduce with {reproduce(seed)}",
+        f"partitions run, seed {seed}, {SHARDS} shard(s): reproduce with {reproduce(seed)}",
         f"  traffic {PLAN.seconds:.0f} s; faults over at t+{over:.1f} s, every broker node "
         f"back in the cluster at t+{whole:.1f} s",
         "  faults applied:",

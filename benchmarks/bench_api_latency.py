@@ -49,12 +49,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import asyncpg
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.support.cgroups import CpuLimit
 from benchmarks.support.env import rabbitmq_url, use_uvloop
 from benchmarks.support.machine import cpu_seconds, facts_table, machine_facts, rss_mib
 from benchmarks.support.recorder import free_port
@@ -191,9 +192,16 @@ async def run(args: argparse.Namespace, body: bytes, variant: str) -> dict[str, 
         "load_at_start": os.getloadavg()[0],
     }
     logs = Path(args.logs)
-    async with temp_database("bench_api") as (dsn, _name), temp_topology("bench_api") as topo:
+    shards = 1
+    if variant.startswith("shards="):  # --shards: every role at RABBITMQ_QUEUE_SHARDS=N
+        shards = int(variant.removeprefix("shards="))
+        variant = str(args.job_workers[0]) if args.job_workers else "default"
+    async with (
+        temp_database("bench_api") as (dsn, _name),
+        temp_topology("bench_api", shards) as topo,
+    ):
         api_port = free_port()
-        env = service_env(dsn, topo)
+        env = service_env(dsn, topo, RABBITMQ_QUEUE_SHARDS=str(shards))
         cwd = None
         if variant == "baseline":  # every role runs the code of the --baseline tree
             cwd = args.baseline  # made absolute by main()
@@ -262,31 +270,6 @@ async def run(args: argparse.Namespace, body: bytes, variant: str) -> dict[str, 
         finally:
             await conn.close()
     return results
-
-
-class CpuLimit:
-    """A cgroup (v1 cpu controller; root) whose processes share ``cores`` of CPU time a 100 ms
-    period: what a container's CPU limit is. The roles join it as they start (a shell writes
-    its pid into the group, then execs the role, so the pid stays the role's own)."""
-
-    ROOT: Final = Path("/sys/fs/cgroup/cpu")
-
-    def __init__(self, cores: float) -> None:
-        if not (self.ROOT / "cpu.cfs_quota_us").exists():
-            raise SystemExit(f"--background-cpus needs the cgroup v1 cpu controller at {self.ROOT}")
-        self.group = self.ROOT / f"bulk-recorder-bench-{os.getpid()}"
-        self.group.mkdir(exist_ok=True)
-        period = int((self.group / "cpu.cfs_period_us").read_text())
-        (self.group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
-
-    def prefix(self) -> list[str]:
-        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.group)]
-
-    def close(self) -> float:
-        """Remove the group (its processes have exited); the seconds its quota held them back."""
-        stat = dict(line.split() for line in (self.group / "cpu.stat").read_text().splitlines())
-        self.group.rmdir()
-        return int(stat.get("throttled_time", 0)) / 1e9
 
 
 def accept_split(log: Path, count: int) -> dict[str, float]:
@@ -569,6 +552,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="API_JOB_WORKERS values to run side by side (unset: the API's default)",
     )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        nargs="*",
+        default=None,
+        help="RABBITMQ_QUEUE_SHARDS values to run side by side, with the first --job-workers "
+        "value (the broker of RABBITMQ_URL needs rabbitmq_random_exchange past 1)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every variant")
     parser.add_argument(
         "--baseline",
@@ -662,6 +653,8 @@ def main() -> None:
     Path(args.logs).mkdir(parents=True, exist_ok=True)
     use_uvloop()
     variants = [str(n) for n in args.job_workers] if args.job_workers else ["default"]
+    if args.shards:
+        variants = [f"shards={n}" for n in args.shards]
     if args.baseline:
         args.baseline = str(Path(args.baseline).resolve())
         variants.insert(0, "baseline")

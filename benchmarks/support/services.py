@@ -12,6 +12,7 @@ import aio_pika
 import asyncpg
 
 from benchmarks.support.env import database_url, rabbitmq_url, unique
+from bulk_recorder.infra.broker import BrokerNodes
 from bulk_recorder.infra.migrate import migrate
 from consumer.tools.loadgen import LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, declare_topology, delete_topology
@@ -64,11 +65,13 @@ async def count_rows(dsn: str, table_name: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def temp_topology(prefix: str = "bench") -> AsyncIterator[Topology]:
-    """The recorder's exchange and quorum queue (and dead-letter pair) under unique names."""
+async def temp_topology(prefix: str = "bench", shards: int = 1) -> AsyncIterator[Topology]:
+    """The recorder's exchange and quorum queue (and dead-letter pair) under unique names;
+    with ``shards`` > 1, its queue shards too (the broker needs rabbitmq_random_exchange).
+    ``RABBITMQ_URL`` may list a cluster's nodes, comma-separated."""
     name = unique(prefix)
-    topology = Topology(exchange=name, queue=name + ".records", delivery_limit=5)
-    connection = await aio_pika.connect(rabbitmq_url())
+    topology = Topology(exchange=name, queue=name + ".records", delivery_limit=5, shards=shards)
+    connection = await BrokerNodes.from_setting(rabbitmq_url()).connect()
     try:
         channel = await connection.channel()
         await declare_topology(channel, topology)
@@ -77,7 +80,7 @@ async def temp_topology(prefix: str = "bench") -> AsyncIterator[Topology]:
         with contextlib.suppress(Exception):
             await connection.close()
         # a fresh connection: the benchmark's may have died with whatever ended the benchmark
-        cleanup = await aio_pika.connect(rabbitmq_url())
+        cleanup = await BrokerNodes.from_setting(rabbitmq_url()).connect()
         try:
             left = await delete_topology(cleanup, topology, wait_s=300)
         finally:

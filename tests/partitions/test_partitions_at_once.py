@@ -35,7 +35,14 @@ LONG = os.environ.get("SOAK_PARTITIONS", "") not in ("", "0")
 SECONDS = float(os.environ.get("SOAK_SECONDS", "180")) if LONG else 30.0
 PLAN = Plan(SECONDS, max(len(KINDS), round(SECONDS / 60 * 4))) if LONG else Plan(SECONDS, 3)
 
-pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(int(SECONDS * 4 + 420))]
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.slow,
+    pytest.mark.timeout(int(SECONDS * 4 + 420)),
+    # A paused minority node's return after the heal races the machine's load: beside three
+    # other workers it once stayed paused past the 240 s wait. Alone, as it runs in a soak.
+    pytest.mark.exclusive(reason="its broker nodes' return from pause_minority waits on the CPU"),
+]
 
 
 def _seeds() -> list[int]:

@@ -48,6 +48,7 @@ INDEXES = "Every index serves a query of the project"
 PARTITIONED = "Partitioned ledger tables"
 UPLOADS = "Job uploads are bounded; every job completes"
 NETWORK_PARTITIONS = "Network partitions"
+SHARDS = "Queue shards"
 
 T_RECORDER = "tests/integration/test_recorder.py::"
 T_IDS = "tests/unit/test_ids.py::"
@@ -103,6 +104,9 @@ LOGS = "Nothing from outside forges a log line or grows the log; no password in 
 HEALTH = "One health check for every role, on its own port"
 T_HEALTH = "tests/integration/test_healthcheck.py::"
 T_READY = "tests/integration/test_readiness.py::"
+T_SHARDS = "tests/cluster/test_shards.py::"
+T_LEFTOVERS = "tests/integration/test_shard_leftovers.py::"
+T_SETTINGS = "tests/unit/test_settings.py::"
 T_TRACE = (
     "tests/integration/test_tracing.py::"
     "test_a_request_is_followed_from_the_api_to_the_flush_that_links_it"
@@ -726,7 +730,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="close-before-the-broker-applies-the-last-acks",
         path="consumer/consuming.py",
-        old="        if channel is not None and not channel.is_closed:\n"
+        old="        if any(not channel.is_closed for channel in shard_channels):\n"
         "            with broker_failures_suppressed(), contextlib.suppress(TimeoutError):",
         new="        if False:\n"
         "            with broker_failures_suppressed(), contextlib.suppress(TimeoutError):",
@@ -1657,6 +1661,65 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/ops/test_kubernetes.py::test_keda_follows_the_queue_the_recorders_consume",
             "tests/ops/test_kubernetes.py::test_keda_scales_the_recorder_on_its_queue",
         ),
+        fast=True,
+    ),
+    # queue shards: KEDA, the alerts and the dashboard read every shard
+    Mutant(
+        name="k8s-keda-shard-trigger-reads-shard-one",
+        path="deploy/kubernetes/components/keda-shards/scaledobject-triggers.yaml",
+        old="        queueName: RABBITMQ_QUEUE.shard-2\n",
+        new="        queueName: RABBITMQ_QUEUE\n",
+        promise="Operable",
+        tests=(
+            "tests/ops/test_kubernetes.py::"
+            "test_keda_with_queue_shards_reads_every_shard_the_settings_make",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="k8s-keda-shard-target-not-divided",
+        path="deploy/kubernetes/components/keda-shards/scaledobject-triggers.yaml",
+        old='queueName: RABBITMQ_QUEUE.shard-3\n        mode: QueueLength\n        value: "6667"',
+        new='queueName: RABBITMQ_QUEUE.shard-3\n        mode: QueueLength\n        value: "20000"',
+        promise="Operable",
+        tests=(
+            "tests/ops/test_kubernetes.py::"
+            "test_keda_with_queue_shards_reads_every_shard_the_settings_make",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="alert-shards-whole-queue-pairs-two-shards",
+        path="deploy/prometheus/alerts.yml",
+        old=(
+            "            unless on (cluster, namespace)\n"
+            "            max by (cluster, namespace) (bulk_recorder_shard_messages"
+            '{service="bulk-recorder", job="recorder"})\n'
+        ),
+        new="",
+        promise="Operable",
+        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
+        fast=True,
+    ),
+    Mutant(
+        name="dashboard-shard-panel-collapses-the-shards",
+        path="deploy/grafana/dashboards/bulk-recorder.json",
+        old="max by (cluster, namespace, queue) (bulk_recorder_shard_messages",
+        new="max by (cluster, namespace) (bulk_recorder_shard_messages",
+        promise="Operable",
+        tests=(
+            "tests/ops/test_dashboard.py::"
+            "test_the_shard_panel_draws_each_shard_or_else_the_one_queue",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="alert-shard-backlog-names-no-shard",
+        path="deploy/prometheus/alerts.yml",
+        old="max by (cluster, namespace, queue) (delta(",
+        new="max by (cluster, namespace) (delta(",
+        promise="Operable",
+        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
         fast=True,
     ),
     Mutant(
@@ -3496,5 +3559,95 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/integration/test_log_safety.py::test_tune_never_quotes_a_url_it_cannot_read",
         ),
         fast=True,
+    ),
+    Mutant(
+        name="shard-route-unbound-before-the-new-one-is-bound",
+        path="consumer/topology.py",
+        old=(
+            "        await raw.exchange_bind(\n"
+            "            destination=topology.shard_exchange, source=topology.exchange, "
+            'routing_key="#"\n'
+            "        )\n"
+            '        await raw.queue_unbind(topology.queue, topology.exchange, routing_key="#")\n'
+        ),
+        new=(
+            '        await raw.queue_unbind(topology.queue, topology.exchange, routing_key="#")\n'
+            "        await raw.exchange_bind(\n"
+            "            destination=topology.shard_exchange, source=topology.exchange, "
+            'routing_key="#"\n'
+            "        )\n"
+        ),
+        promise=SHARDS,
+        tests=(
+            T_SHARDS + "test_two_processes_changing_the_shard_count_at_once_always_leave_a_route",
+        ),
+    ),
+    Mutant(
+        name="route-change-without-the-lock",
+        path="consumer/topology.py",
+        old="            await lock.queue_declare(name, exclusive=True, auto_delete=True)\n",
+        new="            pass\n",
+        promise=SHARDS,
+        tests=(
+            T_SHARDS + "test_two_processes_changing_the_shard_count_at_once_always_leave_a_route",
+        ),
+    ),
+    Mutant(
+        name="leftover-shards-not-consumed",
+        path="consumer/topology.py",
+        old="        return range(self.shards + 1, MAX_SHARDS + 1)\n",
+        new="        return range(0)\n",
+        promise=SHARDS,
+        tests=(
+            T_LEFTOVERS
+            + "test_a_record_on_two_shards_is_recorded_once_and_moves_its_balances_once",
+        ),
+    ),
+    Mutant(
+        name="release-copy-to-another-shard",
+        path="consumer/delivery.py",
+        old="            routing_key=self.queue_for(message.channel),\n",
+        new="            routing_key=self._queue,\n",
+        promise=SHARDS,
+        tests=(
+            "tests/faults/test_shard_release.py::"
+            "test_a_released_delivery_goes_back_to_the_shard_it_came_from",
+        ),
+    ),
+    Mutant(
+        name="shard-list-takes-shard-0",
+        path="bulk_recorder/shard_settings.py",
+        old="    if not 1 <= number <= MAX_SHARDS:\n",
+        new="    if not 0 <= number <= MAX_SHARDS:\n",
+        promise=BAD_SETTINGS,
+        tests=(T_SETTINGS + "test_a_bad_shard_list_names_the_variable_and_the_entry",),
+        fast=True,
+    ),
+    Mutant(
+        name="shard-list-takes-shard-65",
+        path="bulk_recorder/shard_settings.py",
+        old="    if not 1 <= number <= MAX_SHARDS:\n",
+        new="    if not 1 <= number <= MAX_SHARDS + 1:\n",
+        promise=BAD_SETTINGS,
+        tests=(T_SETTINGS + "test_a_bad_shard_list_names_the_variable_and_the_entry",),
+        fast=True,
+    ),
+    Mutant(
+        name="prune-deletes-a-shard-not-drained",
+        path="consumer/tools/shards.py",
+        old="        if shard.drained:\n            await channel.queue_delete(queue)\n",
+        new="        if True:\n            await channel.queue_delete(queue)\n",
+        promise=SHARDS,
+        tests=(
+            T_LEFTOVERS + "test_a_drained_leftover_is_let_go_and_pruned_and_a_full_one_is_kept",
+        ),
+    ),
+    Mutant(
+        name="cancel-of-a-routed-shard-taken-for-a-pruned-leftover",
+        path="consumer/consuming.py",
+        old="            if number is not None and number > self.topology.shards:\n",
+        new="            if number is not None:\n",
+        promise=SHARDS,
+        tests=(T_SHARDS + "test_a_deleted_shard_is_declared_again_and_consumed_again",),
     ),
 )

@@ -534,6 +534,10 @@ FLOODERS = 4
 
 
 async def start_flooders(broker: Broker) -> list[asyncio.subprocess.Process]:
+    return await start_flooders_at(broker.url, broker.topology.dead_letter_exchange)
+
+
+async def start_flooders_at(url: str, exchange: str) -> list[asyncio.subprocess.Process]:
     """FLOODERS processes of tests/integration/dead_letter_flood.py, connected and waiting (at
     full speed: not under PYTHONASYNCIODEBUG, which the test itself may run under)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
@@ -543,8 +547,8 @@ async def start_flooders(broker: Broker) -> list[asyncio.subprocess.Process]:
             sys.executable,
             "-m",
             "tests.integration.dead_letter_flood",
-            broker.url,
-            broker.topology.dead_letter_exchange,
+            url,
+            exchange,
             str(k),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

@@ -6,7 +6,8 @@ node (``shard_cluster``): what RABBITMQ_QUEUE_SHARDS > 1 promises.
   exchange without a route (the route lock, and a bind before each unbind): a mandatory
   publisher running through every change gets none of its messages back;
 - at N = 3 every confirmed record is recorded once, with the exact audit, the records spread
-  over the three shards;
+  over the three shards, through a SIGKILL of the node leading the last shard (only the shards
+  it led elect new leaders) and its restart;
 - 1 -> 3 -> 1 under traffic, by rolling recorders of the new N in and the old ones out, then
   ``shards prune``: nothing lost or doubled, the leftover shards and the shard exchange gone.
 
@@ -35,6 +36,7 @@ from tests.cluster.traffic import QueueTraffic
 from tests.conftest import Broker, run_cli, settings_env, wait_for
 from tests.faults.audit import audit_run, row_counts, settled_count, wait_until_settled
 from tests.rigs.rabbitmq_cluster import RabbitCluster
+from tests.rigs.topology import declare_through
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -58,14 +60,6 @@ async def shard_topology(shard_cluster: RabbitCluster) -> AsyncIterator[Topology
     finally:
         await connection.close()
     assert not [what for what in left if "NOT_FOUND" not in what], left
-
-
-async def declare(url: str, topology: Topology) -> None:
-    connection = await aio_pika.connect(url, timeout=30)
-    try:
-        await declare_topology(await connection.channel(), topology)
-    finally:
-        await connection.close()
 
 
 def routes(cluster: RabbitCluster, topology: Topology) -> set[str]:
@@ -93,7 +87,7 @@ async def shards_ready(broker: Broker, topology: Topology) -> list[int]:
 async def test_the_leaders_of_three_shards_are_on_three_nodes(
     shard_cluster: RabbitCluster, shard_topology: Topology
 ) -> None:
-    await declare(shard_cluster.nodes[0].url, shard_topology)
+    await declare_through(shard_cluster.nodes[0].url, shard_topology)
     for queue in shard_topology.shard_queues():
         await asyncio.to_thread(shard_cluster.wait_for_leader, queue)
     statuses = await asyncio.to_thread(shard_cluster.queue_statuses)
@@ -131,9 +125,9 @@ async def test_two_processes_changing_the_shard_count_at_once_always_leave_a_rou
     none may come back unroutable."""
     three, one = shard_topology, dataclasses.replace(shard_topology, shards=1)
     nodes = shard_cluster.nodes
-    await declare(nodes[0].url, one)
-    await declare(nodes[0].url, three)  # every shard queue exists before the rounds
-    await declare(nodes[0].url, one)
+    await declare_through(nodes[0].url, one)
+    await declare_through(nodes[0].url, three)  # every shard queue exists before the rounds
+    await declare_through(nodes[0].url, one)
     a, b, pub = [await aio_pika.connect(n.url, timeout=30) for n in nodes]
     sent, returned = [0], [0]
     stop = asyncio.Event()
@@ -253,13 +247,13 @@ async def test_dlq_replay_at_three_shards_spreads_over_the_shards(
         await broker.close()
 
 
-async def test_three_shards_record_every_confirmed_record_once(
+async def test_three_shards_record_every_confirmed_record_once_through_a_node_kill(
     shard_cluster: RabbitCluster, shard_topology: Topology, recorders, database_url, db
 ) -> None:
     cluster, topo = shard_cluster, shard_topology
     await migrate(database_url)
     conn = await db()
-    await declare(cluster.nodes[0].url, topo)
+    await declare_through(cluster.nodes[0].url, topo)
     # the records spread over the three shards, whatever their routing key
     first = await publish_load(
         cluster.nodes[1].url, topo.exchange, LoadSpec("mixed", 600, invalid=0.01, seed=4105)
@@ -278,7 +272,21 @@ async def test_three_shards_record_every_confirmed_record_once(
     traffic = QueueTraffic(cluster.rabbitmq_url, topo.exchange, seed=4106, chunk=300, pause=0.1)
     stop = asyncio.Event()
     task = asyncio.create_task(traffic.run(stop))
-    await _rows_grow(conn, 3_000)
+    await _rows_grow(conn, 1_000)
+    # a node SIGKILLed mid-run: the shards it led elect new leaders, the others keep theirs
+    before = await asyncio.to_thread(_leaders, cluster, topo)
+    killed = cluster.node(before[topo.shard_queues()[-1]])
+    await asyncio.to_thread(cluster.kill, killed)
+    for queue in topo.shard_queues():
+        await asyncio.to_thread(cluster.wait_for_leader, queue, not_on=killed)
+    after = await asyncio.to_thread(_leaders, cluster, topo)
+    moved = {q for q in before if after[q] != before[q]}
+    assert moved == {q for q, leader in before.items() if leader == killed.node}, (before, after)
+    await _rows_grow(conn, 500)  # recording while the node is down
+    await asyncio.to_thread(cluster.restart, killed)
+    for queue in topo.shard_queues():
+        await asyncio.to_thread(cluster.wait_all_online, queue)
+    await _rows_grow(conn, 1_500)
     stop.set()
     await task
     report, shapes = merge(first, *traffic.reports)
@@ -298,6 +306,14 @@ async def test_three_shards_record_every_confirmed_record_once(
     audit.assert_exact(dlq_surplus_allowed=False)
 
 
+def _leaders(cluster: RabbitCluster, topology: Topology) -> dict[str, str]:
+    """Each shard's leader node now."""
+    statuses = cluster.queue_statuses()
+    leaders = {q: statuses[q].leader for q in topology.shard_queues()}
+    assert all(leaders.values()), leaders
+    return {q: leader for q, leader in leaders.items() if leader is not None}
+
+
 async def _all_empty(broker: Broker, topology: Topology) -> bool:
     return sum(await shards_ready(broker, topology)) == 0
 
@@ -312,7 +328,7 @@ async def test_resharding_1_to_3_to_1_under_traffic_loses_and_doubles_nothing(
     one = dataclasses.replace(three, shards=1)
     await migrate(database_url)
     conn = await db()
-    await declare(cluster.nodes[0].url, one)
+    await declare_through(cluster.nodes[0].url, one)
     at_one = cluster_settings(database_url, cluster.rabbitmq_url, one)
     at_three = cluster_settings(database_url, cluster.rabbitmq_url, three, rabbitmq_queue_shards=3)
     old = await recorders.start(at_one)

@@ -3,21 +3,28 @@
 `make test` runs the suite on several pytest workers (pytest-xdist). Most tests only wait on
 the machine's RabbitMQ and PostgreSQL, each with its own database and queue names, and may
 overlap. A few fault what every test shares (a broker alarm blocks every publisher, a server
-held or restarted fails whoever uses it) or bind a role's fixed default port: those are marked
-``exclusive`` and run with no other test of the shared services at the same time.
+held or restarted fails whoever uses it) or time themselves: those are marked ``exclusive`` and
+run with no other test of the shared services at the same time. A test that binds a fixed port
+(a role's default) needs only that no other test binds it meanwhile: ``fixed_ports``.
 
 - A test marked ``exclusive`` holds the lock exclusively, from before its setup to after its
   teardown.
 - A test marked ``private`` touches nothing shared (pure logic, files, its own servers on ports
   of their own) and holds nothing.
 - Every other test holds the lock shared.
+- A test marked ``fixed_ports(port, ...)`` binds those fixed ports (a role's default, OTLP's):
+  it holds the lock shared, and also one lock file per port, exclusively, so no other test
+  binding the same port runs beside it, in this pytest run or another (xdist workers, the
+  mutants' jobs, two shells). Nothing else in the suite may bind these ports (the roles are
+  started with ``METRICS_PORT=0`` or a free port and a free ``API_PORT``). The port locks are
+  taken before the suite lock, so a test waiting for a port holds nothing meanwhile.
 
-The lock is two files in the temporary directory, per user (``flock``), so it also orders
-pytest processes that are not workers of one run: the mutants' jobs, two shells. An exclusive
-test waiting for the lock goes first: it holds the gate every test passes on its way in, so no
-new test starts while it waits for the running ones to end. A pytest started by a test (a
-child session) holds nothing: its parent's hold covers it, and taking the gate again could
-wait on a writer that waits on the parent.
+The lock is two files (and one per fixed port) in the temporary directory, per user
+(``flock``), so it also orders pytest processes that are not workers of one run: the mutants'
+jobs, two shells. An exclusive test waiting for the lock goes first: it holds the gate every
+test passes on its way in, so no new test starts while it waits for the running ones to end. A
+pytest started by a test (a child session) holds nothing: its parent's hold covers it, and
+taking the gate again could wait on a writer that waits on the parent.
 
 The lock is taken in ``pytest_runtest_protocol``, outside the test's setup, so the wait does
 not count against the test's own timeout (pytest-timeout).
@@ -58,6 +65,23 @@ def lock_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"bulk-recorder-tests-{os.getuid()}"
 
 
+def ports_of(item: pytest.Item) -> tuple[int, ...]:
+    """The fixed ports the test binds (its ``fixed_ports`` marker), in the order they are
+    locked: ascending, so that two tests never wait on each other's ports in a circle."""
+    marker = item.get_closest_marker("fixed_ports")
+    if marker is None:
+        return ()
+    if hold_of(item) is not Hold.SHARED:
+        raise pytest.UsageError(
+            f"{item.nodeid}: marked fixed_ports and exclusive or private (an exclusive test"
+            " has every port to itself; a private one touches nothing shared)"
+        )
+    ports = marker.args
+    if not ports or not all(isinstance(p, int) and 0 < p < 65_536 for p in ports):
+        raise pytest.UsageError(f"{item.nodeid}: fixed_ports needs the port numbers: {ports!r}")
+    return tuple(sorted(set(ports)))
+
+
 def hold_of(item: pytest.Item) -> Hold:
     exclusive = item.get_closest_marker("exclusive") is not None
     private = item.get_closest_marker("private") is not None
@@ -94,6 +118,33 @@ def held(hold: Hold, directory: Path | None = None) -> Iterator[None]:
         finally:
             del os.environ[HELD_ENV]
             fcntl.flock(suite, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def ports_held(ports: tuple[int, ...], directory: Path | None = None) -> Iterator[None]:
+    """Each of ``ports`` to this process alone among the tests, for the body of the ``with``.
+    A pytest started by a test holding the suite lock takes nothing: its parent's hold
+    covers it."""
+    if not ports or os.environ.get(HELD_ENV):
+        yield
+        return
+    where = directory or lock_dir()
+    where.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        for port in sorted(ports):
+            lock = stack.enter_context(open(where / f"port-{port}", "a+b"))
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+@contextlib.contextmanager
+def holding(
+    hold: Hold, ports: tuple[int, ...] = (), directory: Path | None = None
+) -> Iterator[None]:
+    """What a test holds: its fixed ports first, then the suite lock (a test waiting for a port
+    holds no part of the suite lock meanwhile, so an exclusive test is not kept waiting)."""
+    with ports_held(ports, directory), held(hold, directory):
+        yield
 
 
 # Tests that share something only one process at a time may have: the cluster and namespace
@@ -133,8 +184,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> SuiteGrou
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "exclusive: faults a shared service or binds a fixed port: runs with no other test of "
+        "exclusive(reason): faults a shared service or times itself: runs with no other test of "
         "the shared services beside it (tests/suite_lock.py)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "fixed_ports(port, ..., reason): binds these fixed ports (a default): runs beside any "
+        "test but another that binds one of them (tests/suite_lock.py)",
     )
     config.addinivalue_line(
         "markers",
@@ -145,5 +201,5 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    with held(hold_of(item)):
+    with holding(hold_of(item), ports_of(item)):
         return (yield)

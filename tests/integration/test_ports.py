@@ -107,7 +107,10 @@ async def _answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.exclusive(reason="binds the roles' default ports 9464, 9465 and 8080")
+# Not exclusive: the test faults nothing and times nothing, it only needs these three ports to
+# itself. The suite's other roles run with METRICS_PORT=0 or a free port and a free API_PORT
+# (the partitions' API binds 8080 in a namespace of its own), so only this test binds them.
+@pytest.mark.fixed_ports(9464, 9465, 8080, reason="the roles' default ports")
 async def test_consume_relay_and_api_run_side_by_side_with_default_ports(
     make_settings: SettingsFactory, tmp_path: Path
 ) -> None:

@@ -19,12 +19,13 @@ is 0 only when every mutant was killed.
 
 With ``--jobs N``, N mutants run side by side, each on its own scratch copy (their tests wait on
 the services far more than they compute). A test marked ``exclusive`` (it faults something every
-test shares, binds a fixed port or times itself) still runs with no other test beside it: the
-suite lock (tests/suite_lock.py) is one per user, so the mutants' pytest runs take it as the
-workers of one run do. A mutant whose tests start clusters and namespaces, the image or compose
-(``EXCLUSIVE``) runs alone, after the others: two rigs at once would be six RabbitMQ nodes on two
-cores. ``--baseline`` runs the named tests as ``make test`` does: side by side on ``--jobs``
-workers, then the exclusive ones alone.
+test shares or times itself) still runs with no other test beside it, and one marked
+``fixed_ports`` with no other test binding its ports: the suite lock (tests/suite_lock.py) is
+one per user, so the mutants' pytest runs take it as the workers of one run do. A mutant whose
+tests start clusters and namespaces, the image or compose (``EXCLUSIVE``) runs alone, after the
+others: two rigs at once would be six RabbitMQ nodes on two cores. ``--baseline`` runs the
+named tests as ``make test`` does: side by side on ``--jobs`` workers, then the exclusive ones
+alone.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ REPO = Path(__file__).resolve().parents[2]
 PER_MUTANT_TIMEOUT_S = 900
 # Tests that must not run beside another mutant's: clusters, namespaces, images and compose
 # (each boots servers of its own; two at once overload the machine). A single test that faults
-# a shared service or binds a fixed port is marked `exclusive` and waits for the suite lock.
+# a shared service is marked `exclusive`, one that binds a fixed port `fixed_ports`: each waits
+# for its part of the suite lock.
 EXCLUSIVE = (
     "tests/cluster/",
     "tests/partitions/",

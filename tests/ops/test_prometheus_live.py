@@ -46,7 +46,6 @@ pytestmark = [
     pytest.mark.postgres,
     pytest.mark.rabbitmq,
     pytest.mark.timeout(180),
-    pytest.mark.exclusive(reason="scrapes every second and waits 15 s for series"),
 ]
 
 # The venv's console script: the same command an operator runs.
@@ -335,6 +334,7 @@ class Prometheus:
         return float(result[0]["value"][1]) if result else math.nan
 
 
+@pytest.mark.exclusive(reason="scrapes every second and waits 15 s for series")
 async def test_every_panel_query_and_alert_expression_returns_series_on_a_live_prometheus(
     make_settings, broker: Broker, tmp_path: Path, prometheus_binary: str
 ) -> None:
@@ -568,6 +568,9 @@ async def _at_least(prom: Prometheus, expr: str, minimum: float) -> bool:
     return await prom.value(expr) >= minimum
 
 
+# Not exclusive (it was, by the module's mark): it only builds the live test's config from the
+# files in deploy/, scraping and timing nothing.
+@pytest.mark.private
 def test_prometheus_config_for_the_live_test_keeps_every_job_and_the_rules() -> None:
     """The live test's config differs from deploy/ only by targets and intervals."""
     config = prometheus_config({"recorder": 1, "relay": 2, "api": 3})

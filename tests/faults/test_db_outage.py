@@ -325,7 +325,14 @@ def _ctl(*args: str) -> None:
     subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
 
 
-@pytest.mark.exclusive(reason="sets a policy on the shared broker")
+# The policy alone would not need the lock: its pattern is this test's own queue, anchored, and
+# no other test sets a policy on the machine's broker (the DLQ-refusal tests use a node of their
+# own). What does: rabbitmqctl must have set it within the 5 s release window that started with
+# the first delivery (else "released too early"), and rabbitmqctl boots an Erlang VM: 3 s of
+# the 5 for a mere list_policies at a load average of 15 (2 cores), more with the load.
+@pytest.mark.exclusive(
+    reason="sets a policy on the shared broker, which must take effect within the 5 s release"
+)
 async def test_a_release_whose_copy_the_broker_refuses_is_requeued_never_dead_lettered(
     make_settings, start_recorder, broker, db, database_url, pg_proxy, caplog
 ) -> None:

@@ -32,12 +32,12 @@ def test_each_folder_sums_its_tests_and_cpu_and_the_slowest_come_first(tmp_path:
     report = tmp_path / "suite.xml"
     report.write_text(REPORT)
     folders, tests = by_folder([report])
-    assert folders == {"tests/unit": (2, 2.0, 0.25), "tests/faults": (1, 6.0, 3.5)}
+    assert folders == {"tests/unit": (2, 2.0, 0.25, 0.0), "tests/faults": (1, 6.0, 3.5, 9.0)}
     assert tests[0] == (6.0, "tests.faults.test_c::test_three")
     lines = table(folders).splitlines()
-    assert lines[2] == "| `tests/faults` | 1 | 6 | 4 | 75% |"
-    assert lines[3] == "| `tests/unit` | 2 | 2 | 0 | 25% |"
-    assert lines[-1] == "| all | 3 | 8 | 4 | 100% |"
+    assert lines[2] == "| `tests/faults` | 1 | 6 | 4 | 9 | 75% |"
+    assert lines[3] == "| `tests/unit` | 2 | 2 | 0 | 0 | 25% |"
+    assert lines[-1] == "| all | 3 | 8 | 4 | 9 | 100% |"
     assert folder_of("tests.test_top") == "tests"
 
 
@@ -46,7 +46,7 @@ def test_the_reports_of_a_run_in_phases_add_up(tmp_path: Path) -> None:
     first.write_text(REPORT)
     second.write_text(SECOND)
     folders, tests = by_folder([first, second])
-    assert folders["tests/faults"] == (2, 8.0, 5.0)
+    assert folders["tests/faults"] == (2, 8.0, 5.0, 9.0)
     assert [name for _, name in tests][:2] == [
         "tests.faults.test_c::test_three",
         "tests.faults.test_d::test_four",
@@ -73,6 +73,23 @@ def test_each_test_carries_its_cpu_into_the_report(
         passed=1
     )
     folders, _ = by_folder([report])
-    ((count, _, cpu),) = folders.values()
+    ((count, _, cpu, own),) = folders.values()
     assert count == 1
     assert cpu > 0
+    assert own > 0
+
+
+def test_by_own_cpu_the_costliest_come_first_whatever_their_seconds(tmp_path: Path) -> None:
+    report = tmp_path / "suite.xml"
+    report.write_text(
+        REPORT.replace(
+            '<testcase classname="tests.unit.test_b" name="test_two" time="1.5"/>',
+            '<testcase classname="tests.unit.test_b" name="test_two" time="1.5">'
+            '<properties><property name="own_cpu_s" value="12.5"/></properties></testcase>',
+        )
+    )
+    _, tests = by_folder([report], by="own")
+    assert tests[:2] == [
+        (12.5, "tests.unit.test_b::test_two"),
+        (9.0, "tests.faults.test_c::test_three"),
+    ]

@@ -13,7 +13,6 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from bulk_recorder.build import describe
 from bulk_recorder.exceptions import (
     EXIT_SETTINGS,
     EXIT_TOPOLOGY,
@@ -197,6 +196,23 @@ def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
     return run_shards(settings, args)
 
 
+class _BuildVersion(argparse._VersionAction):
+    """``--version``: the build is described (its revision asked of git, in a checkout) only
+    when the option is given, not by every command that builds the parser."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        from bulk_recorder.build import describe
+
+        self.version = f"%(prog)s {describe()}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # the modules whose parsers these are: not imported by the health check, which has its own
     from consumer import api_keys
@@ -211,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="RabbitMQ -> PostgreSQL bulk recorder. Settings come from the environment.",
         epilog=EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {describe()}")
+    parser.add_argument("--version", action=_BuildVersion)
     sub = parser.add_subparsers(dest="command", required=True)
     mig = sub.add_parser("migrate", help="create the database if missing and apply migrations")
     mig.add_argument(
@@ -308,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from bulk_recorder.build import describe
     from bulk_recorder.infra import tracing
     from bulk_recorder.infra.logs import setup_logging
     from bulk_recorder.infra.reach import Unreachable, check_services, check_tls

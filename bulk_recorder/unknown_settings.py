@@ -54,13 +54,18 @@ def unknown_settings(environ: Mapping[str, str]) -> list[tuple[str, str | None]]
     """(variable, the closest real name or None) for each variable of ``environ`` with a
     setting's prefix (in any case, as settings are read) that no setting reads."""
     known = setting_names()
-    sdk = _otel_sdk_names()
-    candidates = sorted(known | sdk)
-    found: list[tuple[str, str | None]] = []
+    unread: list[tuple[str, str]] = []
     for name in sorted(environ):
         upper = name.upper()
         if not upper.startswith(SETTING_PREFIXES) or upper in known or upper in NOT_SETTINGS:
             continue
+        unread.append((name, upper))
+    if not unread:  # the usual start: the SDK's names (its package) are not even loaded
+        return []
+    sdk = _otel_sdk_names()
+    candidates = sorted(known | sdk)
+    found: list[tuple[str, str | None]] = []
+    for name, upper in unread:
         if upper in sdk or upper.startswith("OTEL_PYTHON_"):  # the SDK's, the Python SDK's
             continue
         close = difflib.get_close_matches(upper, candidates, n=1)

@@ -42,11 +42,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from time import monotonic
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiormq.abc import AbstractChannel, DeliveredMessage
-from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 
 from bulk_recorder.infra import tracing
 from bulk_recorder.infra.aiormq_internals import write_acks
@@ -56,6 +54,9 @@ from bulk_recorder.infra.errors import CHANNEL_GONE
 from bulk_recorder.recorder.flusher import DeadLetterResult, Delivery
 from consumer.copy_properties import copy_properties
 from consumer.copy_publisher import CopyPublisher
+
+if TYPE_CHECKING:  # imported where a span is made: tracing on (bulk_recorder.infra.tracing)
+    from opentelemetry import trace
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,8 @@ class DeadLetterer:
                 wanted=wanted,
             )
             if span is not None and failure is not None:
+                from opentelemetry.trace import Status, StatusCode
+
                 span.set_status(Status(StatusCode.ERROR, failure[:200]))
         return failure
 
@@ -200,6 +203,8 @@ def dead_letter_span(
     if not tracing.active():
         yield None
         return
+    import opentelemetry.trace as trace
+
     parent = None
     if not trace.get_current_span().is_recording():
         headers = message.header.properties.headers

@@ -21,23 +21,21 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
-
-from opentelemetry import trace
-from opentelemetry.context import Context
-from opentelemetry.trace import (
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    Tracer,
-    TraceState,
-)
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from bulk_recorder.masking import masked
-from settings import Settings
+
+# The OpenTelemetry API is imported by what runs when tracing is on (configure, the context
+# helpers): a role without an endpoint, and every one-shot command, never loads it
+# (tests/unit/test_start_cost.py).
+if TYPE_CHECKING:
+    from opentelemetry import trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanContext, Tracer
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +52,15 @@ MAX_TRACESTATE_CHARS = 512
 MAX_TRACESTATE_MEMBERS = 32
 MAX_TRACESTATE_MEMBER_CHARS = 128
 
-PROPAGATOR = TraceContextTextMapPropagator()
+
+@cache
+def propagator() -> TraceContextTextMapPropagator:
+    """The W3C TraceContext propagator (one, built on first use)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
+
+
 # W3C TraceContext version 00: version-trace_id-parent_id-flags, lower-case hex
 _VERSION_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})\Z")
 _RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
@@ -188,6 +194,8 @@ def span_context_of(carrier: Mapping[str, Any] | None) -> SpanContext | None:
         return None
     if not isinstance(parent, str) or len(parent) > MAX_TRACEPARENT_CHARS:
         return None
+    import opentelemetry.trace as trace
+
     state = carrier.get("tracestate")
     state = bounded_tracestate(state) if isinstance(state, str) else None
     match = _VERSION_00.match(parent)
@@ -195,19 +203,19 @@ def span_context_of(carrier: Mapping[str, Any] | None) -> SpanContext | None:
         text = {"traceparent": parent}
         if isinstance(state, str):
             text["tracestate"] = state
-        context = trace.get_current_span(PROPAGATOR.extract(text)).get_span_context()
+        context = trace.get_current_span(propagator().extract(text)).get_span_context()
         return context if context.is_valid else None
     # The common case, parsed here: the propagator's extract costs ~15 us, and a sampled flush
     # reads one context per delivery.
     trace_id, span_id = int(match[1], 16), int(match[2], 16)
     if not trace_id or not span_id:
         return None
-    return SpanContext(
+    return trace.SpanContext(
         trace_id,
         span_id,
         is_remote=True,
-        trace_flags=TraceFlags(int(match[3], 16)),
-        trace_state=TraceState.from_header([state]) if isinstance(state, str) else None,
+        trace_flags=trace.TraceFlags(int(match[3], 16)),
+        trace_state=trace.TraceState.from_header([state]) if isinstance(state, str) else None,
     )
 
 
@@ -237,17 +245,21 @@ def context_of(traceparent: str | None, tracestate: str | None) -> Context | Non
     span_context = span_context_of({"traceparent": traceparent, "tracestate": tracestate})
     if span_context is None:
         return None
+    import opentelemetry.trace as trace
+
     return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
 
 
 def carrier_of(span: trace.Span | None = None) -> dict[str, str]:
     """``traceparent`` (and ``tracestate``) for ``span`` (default: the current one); empty when
     there is no valid span."""
+    import opentelemetry.trace as trace
+
     span = span or trace.get_current_span()
     if not span.get_span_context().is_valid:
         return {}
     out: dict[str, str] = {}
-    PROPAGATOR.inject(out, context=trace.set_span_in_context(span))
+    propagator().inject(out, context=trace.set_span_in_context(span))
     return out
 
 
@@ -287,6 +299,8 @@ def current_ids() -> tuple[str, str] | None:
     """The current span's trace id and span id in hex, for a log line; None outside a span."""
     if _tracer is None:
         return None
+    import opentelemetry.trace as trace
+
     context = trace.get_current_span().get_span_context()
     if not context.is_valid:
         return None
@@ -297,7 +311,12 @@ def current_ids() -> tuple[str, str] | None:
 def child_span(name: str, **attributes: str | int | bool) -> Iterator[trace.Span | None]:
     """A span under the current one, only when tracing is on and the current span is recorded
     (an unsampled or absent parent: nothing). Yields the span, or None."""
-    if _tracer is None or not trace.get_current_span().is_recording():
+    if _tracer is None:
+        yield None
+        return
+    import opentelemetry.trace as trace
+
+    if not trace.get_current_span().is_recording():
         yield None
         return
     with _tracer.start_as_current_span(name, attributes=attributes) as span:
@@ -316,6 +335,8 @@ async def watch_queries(conn: Any) -> None:
 def _statement_span(record: Any) -> None:
     # asyncpg calls this with loop.call_soon in the statement's own context: the current span
     # is the one the statement ran in.
+    import opentelemetry.trace as trace
+
     parent = trace.get_current_span()
     if _tracer is None or not parent.is_recording():
         return
@@ -338,11 +359,11 @@ def _statement_span(record: Any) -> None:
         attributes["server.port"] = int(address[1])
     span = _tracer.start_span(
         operation,
-        kind=SpanKind.CLIENT,
+        kind=trace.SpanKind.CLIENT,
         attributes=attributes,
         start_time=end - int(record.elapsed * 1e9),
     )
     if record.exception is not None:
         span.set_attribute("error.type", type(record.exception).__name__)
-        span.set_status(Status(StatusCode.ERROR, str(record.exception)[:200]))
+        span.set_status(trace.Status(trace.StatusCode.ERROR, str(record.exception)[:200]))
     span.end(end_time=end)

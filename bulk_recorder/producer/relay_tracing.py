@@ -11,18 +11,23 @@ links to. Messaging semantic conventions: ``messaging.system`` rabbitmq, operati
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import asyncpg
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from pamqp.common import FieldValue
 
 from bulk_recorder.infra import tracing
+
+if TYPE_CHECKING:  # imported by the spans themselves: only a traced relay makes them
+    from opentelemetry.trace import Span
 
 
 class PublishSpans:
     """The spans of one batch's rows, by outbox id."""
 
     def __init__(self, exchange: str, rows: Sequence[asyncpg.Record]) -> None:
+        from opentelemetry.trace import SpanKind
+
         tracer = tracing.tracer()
         self._spans: dict[int, Span] = {}
         self._headers: dict[int, dict[str, FieldValue]] = {}
@@ -49,6 +54,8 @@ class PublishSpans:
 
     def end(self, outcomes: Mapping[int, BaseException | None]) -> None:
         """End every span: ok when confirmed, an error naming why not otherwise."""
+        from opentelemetry.trace import Status, StatusCode
+
         for row_id, span in self._spans.items():
             outcome = outcomes.get(row_id)
             if row_id in outcomes and outcome is not None:

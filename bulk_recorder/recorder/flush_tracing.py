@@ -23,9 +23,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind
-
 from bulk_recorder.infra import tracing
 
 
@@ -46,11 +43,13 @@ def flush_span(
     queue: str, reason: str, size: int, carriers: Iterable[Mapping[str, Any] | None]
 ) -> Iterator[FlushCounts]:
     """The flush's span, current inside the block; the caller fills the counts it yields."""
+    import opentelemetry.trace as trace  # here: only a traced flush loads it
+
     counts = FlushCounts()
     span = tracing.tracer().start_span(
         f"process {queue}",
         context=trace.set_span_in_context(trace.INVALID_SPAN),  # a root: links, no parent
-        kind=SpanKind.CONSUMER,
+        kind=trace.SpanKind.CONSUMER,
         attributes={
             "messaging.system": "rabbitmq",
             "messaging.operation.type": "process",

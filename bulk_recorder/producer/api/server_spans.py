@@ -13,8 +13,6 @@ OpenTelemetry parses them (``tracestate``: 32 members, 512 characters).
 
 from __future__ import annotations
 
-from opentelemetry.trace import SpanKind, Status, StatusCode
-
 from bulk_recorder.infra import tracing
 from bulk_recorder.producer.api.asgi import ASGIApp, Receive, Scope, Send, StatusSeen
 
@@ -36,6 +34,8 @@ class ServerSpans:
             for name, value in scope.get("headers", ())
             if name in _CONTEXT_HEADERS
         }
+        from opentelemetry.trace import SpanKind, Status, StatusCode  # only a traced API's
+
         parent = tracing.context_of(carrier.get("traceparent"), carrier.get("tracestate"))
         method = str(scope.get("method", "GET"))
         attributes: dict[str, str | int] = {

@@ -11,6 +11,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
 MAX_SHARDS = 64
+# The most replicas RABBITMQ_QUEUE_SHARD_REPLICAS may ask of a shard (a quorum queue's group).
+MAX_SHARD_REPLICAS = 7
 
 
 def parse_shard_list(text: str) -> tuple[int, ...]:
@@ -44,7 +46,8 @@ def _shard_number(text: str, entry: str) -> int:
 
 
 class ShardSettings(BaseSettings):
-    """``RABBITMQ_QUEUE_SHARDS`` and ``RABBITMQ_QUEUE_SHARDS_CONSUMED``."""
+    """``RABBITMQ_QUEUE_SHARDS``, ``RABBITMQ_QUEUE_SHARD_REPLICAS`` and
+    ``RABBITMQ_QUEUE_SHARDS_CONSUMED``."""
 
     rabbitmq_queue_shards: int = Field(
         1,
@@ -53,6 +56,16 @@ class ShardSettings(BaseSettings):
         description=(
             "Quorum queues the records are spread over; 1 is the one queue RABBITMQ_QUEUE. "
             "With more, needs the rabbitmq_random_exchange plugin on every broker node."
+        ),
+    )
+    rabbitmq_queue_shard_replicas: int = Field(
+        0,
+        ge=0,
+        le=MAX_SHARD_REPLICAS,
+        description=(
+            "Replicas of each shard 2..N (x-quorum-initial-group-size); 0: one on every broker "
+            "node, as RABBITMQ_QUEUE has. Below 3 a shard cannot survive the loss of a node it "
+            "is on. Shard 1 (RABBITMQ_QUEUE) keeps its own arguments; with one shard, unused."
         ),
     )
     rabbitmq_queue_shards_consumed: str = Field(

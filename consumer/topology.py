@@ -7,8 +7,9 @@ One shard (``RABBITMQ_QUEUE_SHARDS=1``, the default)::
     exchange <exchange>.dlx (topic) --#--> quorum queue <queue>.dlq
 
 N shards: shard 1 is ``<RABBITMQ_QUEUE>`` itself, shard k >= 2 is ``<queue>.shard-<k>`` (a
-quorum queue with the same arguments plus ``x-queue-leader-locator: balanced``), and the route
-goes through a random exchange::
+quorum queue with the same arguments plus ``x-queue-leader-locator: balanced``, and with
+``RABBITMQ_QUEUE_SHARD_REPLICAS`` set, ``x-quorum-initial-group-size``), and the route goes
+through a random exchange::
 
     <exchange> --#--> <exchange>.shards (x-random) --> every shard queue
 
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 # The exchange type that spreads the records over the shards (plugin rabbitmq_random_exchange).
 RANDOM_EXCHANGE = "x-random"
 RANDOM_PLUGIN = "rabbitmq_random_exchange"
+# The quorum queue argument RABBITMQ_QUEUE_SHARD_REPLICAS sets on shards 2..N.
+GROUP_SIZE = "x-quorum-initial-group-size"
 # How long a route change waits for another process's (each holds it for a few round trips).
 LOCK_WAIT_S = 60.0
 _LOCK_RETRY_S = (0.05, 0.5)  # first and longest pause between two tries
@@ -57,6 +60,8 @@ class Topology:
     queue: str
     delivery_limit: int
     shards: int = 1
+    # x-quorum-initial-group-size of shards 2..N; 0: none (a member on every node)
+    shard_replicas: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Topology:
@@ -65,6 +70,7 @@ class Topology:
             queue=settings.rabbitmq_queue,
             delivery_limit=settings.rabbitmq_delivery_limit,
             shards=settings.rabbitmq_queue_shards,
+            shard_replicas=settings.rabbitmq_queue_shard_replicas,
         )
 
     @property
@@ -117,6 +123,8 @@ class Topology:
         }
         if number >= 2:  # shard 1 keeps today's arguments exactly
             arguments["x-queue-leader-locator"] = "balanced"
+            if self.shard_replicas:
+                arguments[GROUP_SIZE] = self.shard_replicas
         return arguments
 
 
@@ -252,6 +260,13 @@ async def declare_or_mismatch(channel: AbstractChannel, topology: Topology) -> N
     try:
         await declare_topology(channel, topology)
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        if GROUP_SIZE in str(exc):
+            raise TopologyMismatch(
+                f"the broker refused our topology ({exc}): a shard of queue {topology.queue} "
+                f"exists with another group size than RABBITMQ_QUEUE_SHARD_REPLICAS "
+                f"({topology.shard_replicas}; 0: none). Give every process the value the "
+                "shards were declared with, or drain and delete shards 2 and up to change it."
+            ) from None
         raise TopologyMismatch(
             f"the broker refused our topology ({exc}): queue {topology.queue} "
             "or its exchanges already exist with other arguments. The queue must be "

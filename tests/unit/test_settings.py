@@ -254,6 +254,30 @@ def test_queue_shards_run_from_1_to_64(clean_env: pytest.MonkeyPatch) -> None:
             load_settings()
 
 
+def test_shard_replicas_are_every_nodes_unless_set(clean_env: pytest.MonkeyPatch) -> None:
+    """RABBITMQ_QUEUE_SHARD_REPLICAS is 0 by default: no group size, a member on every node."""
+    clean_env.delenv("RABBITMQ_QUEUE_SHARD_REPLICAS", raising=False)
+    assert load_settings().rabbitmq_queue_shard_replicas == 0
+
+
+@pytest.mark.parametrize("replicas", [0, 1, 6, 7])
+def test_shard_replicas_run_from_0_to_7(clean_env: pytest.MonkeyPatch, replicas: int) -> None:
+    clean_env.setenv("RABBITMQ_QUEUE_SHARD_REPLICAS", str(replicas))
+    assert load_settings().rabbitmq_queue_shard_replicas == replicas
+
+
+@pytest.mark.parametrize("bad", ["-1", "8", "three", ""])
+def test_shard_replicas_outside_0_to_7_name_the_variable(
+    clean_env: pytest.MonkeyPatch, bad: str
+) -> None:
+    clean_env.setenv("RABBITMQ_QUEUE_SHARD_REPLICAS", bad)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith("invalid settings: RABBITMQ_QUEUE_SHARD_REPLICAS:"), message
+    assert f"got '{bad}'" in message, message
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [

@@ -1,5 +1,6 @@
 """Shard names and arguments: shard 1 is RABBITMQ_QUEUE with today's arguments, shard k >= 2 is
-``<queue>.shard-<k>`` with the same ones plus a balanced leader locator."""
+``<queue>.shard-<k>`` with the same ones plus a balanced leader locator (and, with
+RABBITMQ_QUEUE_SHARD_REPLICAS, a group size)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ def test_shard_arguments() -> None:
             "x-dead-letter-exchange": "ex.dlx",
             "x-queue-leader-locator": "balanced",
         }
+
+
+def test_shard_replicas_set_the_group_size_of_shards_2_to_n_only() -> None:
+    """RABBITMQ_QUEUE_SHARD_REPLICAS: shards 2..N get x-quorum-initial-group-size; shard 1 keeps
+    today's arguments (the broker refuses a queue redeclared with another group size), and so
+    does the one queue of N = 1."""
+    two = Topology(exchange="ex", queue="ex.records", delivery_limit=7, shards=3, shard_replicas=2)
+    assert two.queue_arguments(1) == TOPOLOGY.queue_arguments(1)
+    for number in (2, 3):
+        assert two.queue_arguments(number) == {
+            **TOPOLOGY.queue_arguments(number),
+            "x-quorum-initial-group-size": 2,
+        }
+    one = Topology(exchange="ex", queue="ex.records", delivery_limit=7, shard_replicas=1)
+    assert one.queue_arguments() == TOPOLOGY.queue_arguments(1)
+    assert "x-quorum-initial-group-size" not in TOPOLOGY.queue_arguments(2)  # 0: none
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,9 @@ with the same recorders, and the other shards' drain while one node is lost (iss
 
     python -m benchmarks.bench_shards                  # 3 rounds of N = 1 / N = 3, then a node kill
     python -m benchmarks.bench_shards --quick          # seconds, small counts (the test's run)
+    python -m benchmarks.bench_shards --shard-replicas 0 1 2 --no-kill
+                                       # N = 3 also with shards 2-3 at 1 and at 2 replicas
+    python -m benchmarks.bench_shards --nodes 5 --node-cpus 0.15 --shard-replicas 0 3 --no-kill
 
 A three-node cluster of the rig (tests/rigs/rabbitmq_cluster.py, the ``rabbitmq_random_exchange``
 plugin on every node), each node in a cgroup of its own with ``--node-cpus`` cores (a CFS quota,
@@ -22,7 +25,13 @@ cleaned up without it. Each measured run, on fresh names and a fresh database:
    each node's CPU against its quota (and the share of CFS periods the quota held it back),
    the recorders', PostgreSQL's and the machine's.
 
-N = 1 and N = 3 alternate (the order swaps each round); the ratio is taken in each round. Where
+N = 1 and N = 3 alternate (the order swaps each round); the ratio is taken in each round.
+With ``--shard-replicas``, N = 3 is measured once a round for each value given
+(``RABBITMQ_QUEUE_SHARD_REPLICAS``: shards 2-3 with that many members, 0 a member on every
+node), the order rotating by one each round. RabbitMQ 3.10 makes a new quorum queue's first
+member the node its declaring client is on, so with fewer replicas than nodes shard k is
+declared first through node k (:func:`place_shards`); each run prints every shard's members.
+``--nodes`` sets the cluster's size (recorder i is still connected to node i). Where
 the ratio is short of the issue's 2.2x, the run says what was full (a node at its quota, a
 recorder process at one core, the machine's cores), and what the nodes' CPU per record allows:
 with N = 1's CPU per record, the rate of the three quotas, against N = 1's.
@@ -67,7 +76,8 @@ from benchmarks.support.recorder import RecorderConfig, RecorderProcess, drain
 from benchmarks.support.services import count_rows, temp_database
 from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
 from consumer.tools.loadgen import LoadSpec, publish_load
-from consumer.topology import Topology, declare_topology, delete_topology
+from consumer.topology import Topology, delete_topology
+from tests.rigs.topology import declare_through
 
 TABLE = {"transaction": "transactions", "credit_annotation": "credit_annotations"}
 TARGET_RATIO = 2.2
@@ -89,11 +99,22 @@ class Run:
     recorder_cores: list[float]
     pg_cores: float
     machine_cores: float
+    replicas: int = 0  # RABBITMQ_QUEUE_SHARD_REPLICAS of the run (0: a member on every node)
+    members: dict[str, str] = field(default_factory=dict)  # each shard's member nodes: n1+n2
+    assigned: bool = False  # recorder i consumed shard i only (RABBITMQ_QUEUE_SHARDS_CONSUMED)
+
+    @property
+    def config(self) -> Config:
+        return Config(self.shards, self.replicas, self.assigned)
 
     @property
     def node_us(self) -> float:
         """The nodes' CPU per record recorded, microseconds (all nodes together)."""
         return sum(u.cores for u in self.nodes.values()) / self.rate * 1e6
+
+    def node_us_each(self) -> dict[str, float]:
+        """Each node's CPU per record recorded, microseconds."""
+        return {name: use.cores / self.rate * 1e6 for name, use in self.nodes.items()}
 
     def bounds(self, nproc: int, quota: float) -> list[str]:
         """What was at (or near) its limit during the window."""
@@ -113,17 +134,41 @@ class Run:
         return out
 
 
-def make_topology(shards: int) -> Topology:
+@dataclass(frozen=True, slots=True, order=True)
+class Config:
+    """A measured configuration: N shards, shards 2..N with ``replicas`` members (0: every
+    node's, the default)."""
+
+    shards: int
+    replicas: int = 0
+    assigned: bool = False  # recorder i consumes shard i only, on node i
+
+    @property
+    def label(self) -> str:
+        label = f"N = {self.shards}"
+        if self.shards > 1 and self.replicas:
+            plural = "" if self.replicas == 1 else "s"
+            label += f", shards 2-{self.shards} at {self.replicas} replica{plural}"
+        if self.assigned:
+            label += ", recorder k on shard k"
+        return label
+
+    def consumed(self, recorder: int) -> dict[str, str]:
+        """The recorder's RABBITMQ_QUEUE_SHARDS_CONSUMED (``recorder`` from 0), if assigned."""
+        if not self.assigned:
+            return {}
+        return {"RABBITMQ_QUEUE_SHARDS_CONSUMED": str(recorder % self.shards + 1)}
+
+
+def make_topology(shards: int, replicas: int = 0) -> Topology:
     name = unique("bench_shards")
-    return Topology(exchange=name, queue=name + ".records", delivery_limit=5, shards=shards)
-
-
-async def declare(url: str, topology: Topology) -> None:
-    connection = await aio_pika.connect(url, timeout=30)
-    try:
-        await declare_topology(await connection.channel(), topology)
-    finally:
-        await connection.close()
+    return Topology(
+        exchange=name,
+        queue=name + ".records",
+        delivery_limit=5,
+        shards=shards,
+        shard_replicas=replicas,
+    )
 
 
 async def delete(url: str, topology: Topology) -> None:
@@ -172,39 +217,60 @@ async def fill(
     progress(f"  filled: {counts} ready in {time.monotonic() - began:.1f} s")
 
 
-def recorder_config(args: argparse.Namespace, shards: int, url: str, **env: str) -> RecorderConfig:
+def recorder_config(
+    args: argparse.Namespace, shards: int, url: str, replicas: int = 0, **env: str
+) -> RecorderConfig:
     return RecorderConfig(
         args.workers,
         args.prefetch,
         args.size,
         args.timeout_ms,
-        extra_env={"RABBITMQ_URL": url, "RABBITMQ_QUEUE_SHARDS": str(shards), **env},
+        extra_env={
+            "RABBITMQ_URL": url,
+            "RABBITMQ_QUEUE_SHARDS": str(shards),
+            "RABBITMQ_QUEUE_SHARD_REPLICAS": str(replicas),
+            **env,
+        },
     )
 
 
 async def measure_drain(
-    cluster: QuotaCluster, args: argparse.Namespace, shards: int, round_: int
+    cluster: QuotaCluster, args: argparse.Namespace, config: Config, round_: int
 ) -> Run:
-    topology = make_topology(shards)
+    shards = config.shards
+    topology = make_topology(shards, config.replicas)
     first = cluster.nodes[0].url
-    await declare(first, topology)
+    await place_shards(cluster, topology)
+    await declare_through(first, topology)
     try:
         leaders = await cluster.leaders(topology.shard_queues())
-        progress(f"  N={shards}: leaders {describe_leaders(cluster, leaders)}")
+        members = await shard_members(cluster, topology)
+        progress(
+            f"  {config.label}: leaders {describe_leaders(cluster, leaders)}; replicas {members}"
+        )
         async with temp_database("bench_shards") as (dsn, name):
             nodes = cluster.nodes
             recorders = [
                 RecorderProcess(
-                    dsn, topology, recorder_config(args, shards, nodes[i % len(nodes)].url)
+                    dsn,
+                    topology,
+                    recorder_config(
+                        args,
+                        shards,
+                        nodes[i % len(nodes)].url,
+                        config.replicas,
+                        **config.consumed(i),
+                    ),
                 )
                 for i in range(args.recorders)
             ]
             try:
                 await held_while_filled(cluster, args, topology, recorders, args.count)
                 try:
-                    return await _drain(
+                    run = await _drain(
                         cluster, args, topology, recorders, dsn, name, leaders, round_
                     )
+                    return dataclasses.replace(run, members=members, assigned=config.assigned)
                 finally:
                     cluster.limit(False)
             finally:
@@ -272,6 +338,7 @@ async def _drain(
     seconds = end[2].at - start[2].at
     return Run(
         shards=topology.shards,
+        replicas=topology.shard_replicas,
         round=round_,
         rate=result.rate,
         seconds=result.seconds,
@@ -281,6 +348,40 @@ async def _drain(
         pg_cores=result.pg_cpu_s / result.seconds,
         machine_cores=end[2].machine_cores_since(start[2]),
     )
+
+
+async def place_shards(cluster: QuotaCluster, topology: Topology) -> None:
+    """With fewer replicas than nodes, RabbitMQ 3.10 gives a new quorum queue the node its
+    declaring client is connected to as the first member and picks the others at random (the
+    leader locator chooses only among those), so one declaring connection would put every shard
+    2..N on node 1. Each such shard k is declared first through node k (counted round the
+    nodes), with the topology's own arguments; declaring the topology then finds it in place."""
+    if not topology.shard_replicas:
+        return
+    nodes = cluster.nodes
+    for number in range(2, topology.shards + 1):
+        connection = await aio_pika.connect(nodes[(number - 1) % len(nodes)].url, timeout=30)
+        try:
+            channel = await connection.channel()
+            await channel.declare_queue(
+                topology.shard_queue(number),
+                durable=True,
+                arguments=topology.queue_arguments(number),
+            )
+        finally:
+            await connection.close()
+
+
+async def shard_members(cluster: QuotaCluster, topology: Topology) -> dict[str, str]:
+    """Each shard's member nodes, ``n1+n2``, by ``shard k`` (one rabbitmqctl call, in a
+    thread)."""
+    statuses = await asyncio.to_thread(cluster.cluster.queue_statuses)
+    return {
+        f"shard {k}": "+".join(sorted(cluster.short(m) for m in statuses[q].members))
+        if q in statuses
+        else "-"
+        for k, q in enumerate(topology.shard_queues(), 1)
+    }
 
 
 def describe_leaders(cluster: QuotaCluster, leaders: dict[str, str | None]) -> str:
@@ -357,7 +458,7 @@ async def probe(
 async def node_kill(cluster: QuotaCluster, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     topology = make_topology(3)
     nodes = cluster.nodes
-    await declare(nodes[0].url, topology)
+    await declare_through(nodes[0].url, topology)
     queues = topology.shard_queues()
     before = await cluster.leaders(queues)
     progress(f"node kill: leaders {describe_leaders(cluster, before)}")
@@ -514,17 +615,26 @@ def kill_report(
 # -- output ----------------------------------------------------------------------------------
 
 
+def config_key(config: Config) -> str:
+    """``1``, ``3`` (every node a replica), ``3r1`` (shards 2..3 at one replica): JSON keys."""
+    key = f"{config.shards}" + (f"r{config.replicas}" if config.replicas else "")
+    return key + ("a" if config.assigned else "")
+
+
 def emit_runs(runs: list[Run], args: argparse.Namespace, nproc: int) -> dict[str, Any]:
-    rates = {n: Stat() for n in (1, 3)}
+    configs = sorted({run.config for run in runs})
+    rates = {c: Stat() for c in configs}
     for run in runs:
-        rates[run.shards].add(run.rate)
-    ratios = ratio(rates[3], rates[1])
+        rates[run.config].add(run.rate)
+    base = Config(1)
+    ratios = {c: ratio(rates[c], rates[base]) for c in configs if c != base}
     rows = []
     for run in runs:
         nodes = ", ".join(f"{n} {u.describe()}" for n, u in run.nodes.items())
         rows.append((
-            run.round, run.shards, f"{run.rate:,.0f}", f"{run.seconds:.1f}",
-            " ".join(run.leaders.values()), nodes, f"{run.node_us:.0f}",
+            run.round, run.config.label, f"{run.rate:,.0f}", f"{run.seconds:.1f}",
+            " ".join(run.leaders.values()), " ".join(str(m) for m in run.members.values()),
+            nodes, f"{run.node_us:.0f}",
             " ".join(f"{c:.2f}" for c in run.recorder_cores), f"{run.pg_cores:.2f}",
             f"{run.machine_cores:.2f}", "; ".join(run.bounds(nproc, args.node_cpus)) or "none",
         ))  # fmt: skip
@@ -532,45 +642,51 @@ def emit_runs(runs: list[Run], args: argparse.Namespace, nproc: int) -> dict[str
         f"Each run ({args.count:,} {args.type} records, {args.recorders} recorders, node quota "
         f"{args.node_cpus:g} core; CPU in cores over the measured window)",
         table(
-            ["round", "N", "records/s", "s", "shard leaders", "node CPU (of quota, throttled)",
-             "nodes' CPU us/record", "recorders' CPU", "PostgreSQL", "machine", "at its limit"],
+            ["round", "configuration", "records/s", "s", "shard leaders", "shard replicas",
+             "node CPU (of quota, throttled)", "nodes' CPU us/record", "recorders' CPU",
+             "PostgreSQL", "machine", "at its limit"],
             rows,
         ),
     )  # fmt: skip
-    median_ratio = ratios.median
+    main = Config(3) if Config(3) in ratios else next(iter(ratios))
+    median_ratio = ratios[main].median
     verdict = "met" if median_ratio >= TARGET_RATIO else "missed"
+    summary_rows = [(base.label, rates[base].fmt(), "", "")]
+    for config, values in ratios.items():
+        met = "met" if values.median >= TARGET_RATIO else "missed"
+        summary_rows.append((config.label, rates[config].fmt(), values.fmt(2, "x"), met))
     emit(
         f"N = 1 against N = 3 (median (min-max) of {args.rounds} rounds, ratio in each round)",
-        table(
-            ["", "records/s", "ratio N3/N1", f"target >= {TARGET_RATIO}x"],
-            [
-                ("N = 1", rates[1].fmt(), "", ""),
-                ("N = 3", rates[3].fmt(), ratios.fmt(2, "x"), verdict),
-            ],
-        ),
+        table(["", "records/s", "ratio to N = 1", f"target >= {TARGET_RATIO}x"], summary_rows),
     )
-    bounds = [b for run in runs if run.shards == 3 for b in run.bounds(nproc, args.node_cpus)]
-    ones = [b for run in runs if run.shards == 1 for b in run.bounds(nproc, args.node_cpus)]
-    print(f"what bounds N = 1: {summarise(ones, sum(r.shards == 1 for r in runs))}")
-    print(f"what bounds N = 3: {summarise(bounds, sum(r.shards == 3 for r in runs))}")
-    ceiling = emit_ceiling(runs, args)
+    bounds = {
+        c: [b for run in runs if run.config == c for b in run.bounds(nproc, args.node_cpus)]
+        for c in configs
+    }
+    for config in configs:
+        measured = sum(run.config == config for run in runs)
+        print(f"what bounds {config.label}: {summarise(bounds[config], measured)}")
+    ceiling = emit_ceiling(runs, args, main)
+    per_node = emit_per_node(runs, args, configs)
     return {
         "ceiling": ceiling,
-        "rates": {str(n): s.values for n, s in rates.items()},
-        "ratios": ratios.values,
+        "per_node": per_node,
+        "rates": {config_key(c): s.values for c, s in rates.items()},
+        "ratios": ratios[main].values,
+        "ratios_by_config": {config_key(c): s.values for c, s in ratios.items()},
         "median_ratio": median_ratio,
         "verdict": verdict,
-        "bounds_n1": ones,
-        "bounds_n3": bounds,
+        "bounds_n1": bounds[base],
+        "bounds_n3": bounds[main],
     }
 
 
-def emit_ceiling(runs: list[Run], args: argparse.Namespace) -> dict[str, float]:
+def emit_ceiling(runs: list[Run], args: argparse.Namespace, main: Config) -> dict[str, float]:
     """What the nodes' CPU per record allows: with every node at its quota and the CPU per
-    record of N = 1, the records/s of the three quotas, against N = 1's rate; and how much
-    more a shard's leader spends than the other nodes at N = 1."""
+    record of N = 1, the records/s of the nodes' quotas together, against N = 1's rate; and how
+    much more a shard's leader spends than the other nodes at N = 1."""
     one = [r for r in runs if r.shards == 1]
-    three = [r for r in runs if r.shards == 3]
+    three = [r for r in runs if r.config == main]
     us1 = statistics.median(r.node_us for r in one)
     us3 = statistics.median(r.node_us for r in three)
     quotas = args.node_cpus * len(one[0].nodes)
@@ -578,11 +694,11 @@ def emit_ceiling(runs: list[Run], args: argparse.Namespace) -> dict[str, float]:
     rate1 = statistics.median(r.rate for r in one)
     leader_share = statistics.median(_leader_share(r) for r in one)
     print(
-        f"the nodes' CPU per record: N = 1 {us1:.0f} us, N = 3 {us3:.0f} us (medians). At N = 1 "
-        f"the leader's node spent {leader_share:.2f}x the mean of the others. With N = 1's CPU "
-        f"per record, the three quotas ({quotas:g} core) carry at most {at_quotas:,.0f} "
-        f"records/s: {at_quotas / rate1:.2f}x N = 1's rate; with N = 3's, "
-        f"{quotas / us3 * 1e6 / rate1:.2f}x",
+        f"the nodes' CPU per record: N = 1 {us1:.0f} us, {main.label} {us3:.0f} us (medians). "
+        f"At N = 1 the leader's node spent {leader_share:.2f}x the mean of the others. With "
+        f"N = 1's CPU per record, the {len(one[0].nodes)} quotas ({quotas:g} core) carry at most "
+        f"{at_quotas:,.0f} records/s: {at_quotas / rate1:.2f}x N = 1's rate; with "
+        f"{main.label}'s, {quotas / us3 * 1e6 / rate1:.2f}x",
         flush=True,
     )
     return {
@@ -592,6 +708,42 @@ def emit_ceiling(runs: list[Run], args: argparse.Namespace) -> dict[str, float]:
         "ratio_at_quotas_n1_cost": at_quotas / rate1,
         "ratio_at_quotas_n3_cost": quotas / us3 * 1e6 / rate1,
     }
+
+
+def emit_per_node(
+    runs: list[Run], args: argparse.Namespace, configs: list[Config]
+) -> dict[str, dict[str, float]]:
+    """Each node's CPU per record recorded (medians over the rounds), and what it allows: the
+    node that spends the most per record reaches its quota first, so the configuration carries
+    at most ``quota / its CPU per record``, against N = 1's rate measured."""
+    rate1 = statistics.median(r.rate for r in runs if r.config == Config(1))
+    names = list(runs[0].nodes)
+    rows, out = [], {}
+    for config in configs:
+        mine = [r for r in runs if r.config == config]
+        each = {n: statistics.median(r.node_us_each()[n] for r in mine) for n in names}
+        busiest = max(each, key=lambda n: each[n])
+        allows = args.node_cpus / each[busiest] * 1e6
+        rate = statistics.median(r.rate for r in mine)
+        rows.append((
+            config.label, *(f"{each[n]:.0f}" for n in names), f"{sum(each.values()):.0f}",
+            busiest, f"{allows:,.0f} ({allows / rate1:.2f}x)", f"{rate:,.0f} ({rate / rate1:.2f}x)",
+        ))  # fmt: skip
+        out[config_key(config)] = {
+            **each,
+            "allows": allows,
+            "allows_ratio": allows / rate1,
+            "rate_ratio": rate / rate1,
+        }
+    emit(
+        "Each node's CPU per record recorded, us (medians of the rounds), and the rate at which "
+        f"the busiest reaches its {args.node_cpus:g}-core quota, against N = 1's rate",
+        table(
+            ["", *names, "all nodes", "busiest", "its quota allows, records/s", "measured"],
+            rows,
+        ),
+    )
+    return out
 
 
 def _leader_share(run: Run) -> float:
@@ -678,8 +830,9 @@ async def main_async(args: argparse.Namespace) -> None:
             args.node_cpus,
             shares=args.node_shares,
             recorder_shares=args.recorder_shares,
+            size=args.nodes,
         )
-        progress("starting the three-node cluster")
+        progress(f"starting the {args.nodes}-node cluster")
         await asyncio.to_thread(cluster.start)
         try:
             await run(args, cluster)
@@ -691,13 +844,16 @@ async def main_async(args: argparse.Namespace) -> None:
 async def run(args: argparse.Namespace, cluster: QuotaCluster) -> dict[str, Any]:
     """The benchmark on ``cluster`` (started, its nodes in their groups): prints the tables,
     writes ``--json``, returns what it wrote."""
+    if args.assigned and args.recorders < 3:
+        raise SystemExit("--assigned gives recorder k shard k: it needs 3 recorders or more")
     if args.quick:
         args.count, args.rounds, args.window, args.gap_allow = 6_000, 1, 1.5, 4.0
     command = "python -m benchmarks.bench_shards " + shlex.join(args.argv or sys.argv[1:])
     logs = Path(args.logs or tempfile.mkdtemp(prefix="bench-shards-logs-"))
     await asyncio.to_thread(logs.mkdir, parents=True, exist_ok=True)
     facts = await machine_facts()
-    facts["rabbitmq (the rig's three nodes)"] = await cluster.server_version()
+    nodes = {3: "three", 5: "five"}.get(len(cluster.nodes), str(len(cluster.nodes)))
+    facts[f"rabbitmq (the rig's {nodes} nodes)"] = await cluster.server_version()
     facts["quota"] = (
         f"{args.node_cpus:g} core per RabbitMQ node (CFS, 100 ms period), cpu.shares "
         f"{cluster.shares} a node; recorders unlimited, "
@@ -754,13 +910,17 @@ def plain(value: Any) -> Any:
 
 
 async def throughput_rounds(cluster: QuotaCluster, args: argparse.Namespace) -> list[Run]:
+    """Each round measures every configuration (N = 1, then N = 3 at each ``--shard-replicas``),
+    the order rotated by one each round, so that no configuration always goes first."""
+    assigned = (False, True) if args.assigned else (False,)
+    configs = [Config(1), *(Config(3, r, a) for r in args.shard_replicas for a in assigned)]
     runs = []
     for round_ in range(1, args.rounds + 1):
-        order = (1, 3) if round_ % 2 else (3, 1)
-        for shards in order:
-            progress(f"round {round_}/{args.rounds}: N = {shards}")
-            run = await measure_drain(cluster, args, shards, round_)
-            progress(f"  N={shards}: {run.rate:,.0f} records/s")
+        shift = (round_ - 1) % len(configs)
+        for config in configs[shift:] + configs[:shift]:
+            progress(f"round {round_}/{args.rounds}: {config.label}")
+            run = await measure_drain(cluster, args, config, round_)
+            progress(f"  {config.label}: {run.rate:,.0f} records/s")
             runs.append(run)
     return runs
 
@@ -771,6 +931,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-cpus", type=float, default=0.25, help="CPU quota of each node, cores"
     )
     parser.add_argument("--recorders", type=int, default=3, help="recorder processes")
+    parser.add_argument(
+        "--nodes", type=int, default=3, help="RabbitMQ nodes in the cluster (3 or more)"
+    )
+    parser.add_argument(
+        "--assigned",
+        action="store_true",
+        help="measure each N = 3 configuration also with recorder k consuming shard k only "
+        "(RABBITMQ_QUEUE_SHARDS_CONSUMED=k), on node k, where shard k leads",
+    )
+    parser.add_argument(
+        "--shard-replicas",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="N = 3 is measured once for each: RABBITMQ_QUEUE_SHARD_REPLICAS (shards 2-3's "
+        "replicas; 0: one on every node, the default)",
+    )
     parser.add_argument(
         "--node-shares",
         type=int,

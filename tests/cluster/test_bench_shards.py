@@ -1,8 +1,9 @@
 """The queue-shard benchmark (benchmarks/bench_shards.py) runs end to end in its quick mode on the
 session's three-node cluster, so that it cannot rot between the runs whose figures
-docs/performance.md quotes: each node in a CPU cgroup of its own, N = 1 and N = 3 drained by
-three recorder processes, every node's CPU held to its quota, the shards' leaders on three
-nodes, then a node killed under the recorders, and the tables printed.
+docs/performance.md quotes: each node in a CPU cgroup of its own, N = 1 and N = 3 (also with
+shards 2-3 at one replica, each placed on a node of its own) drained by three recorder
+processes, every node's CPU held to its quota, the shards' leaders on three nodes, then a node
+killed under the recorders, and the tables printed.
 
 It proves no speed (a timed assertion in a test proves nothing on a shared machine): only that
 the benchmark still measures what it says, and that its numbers are sane. The cgroups need root;
@@ -31,6 +32,7 @@ async def test_quick_mode_end_to_end(
     shard_cluster: RabbitCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["--quick", "--node-cpus", str(NODE_CPUS), "--logs", str(tmp_path)]
+    argv += ["--shard-replicas", "0", "1"]  # N = 3 also with shards 2-3 at one replica
     args = bench_shards.build_parser().parse_args(argv)
     args.argv = argv
     cluster = QuotaCluster(
@@ -63,7 +65,16 @@ async def test_quick_mode_end_to_end(
     assert "what bounds N = 3:" in out
 
     runs = data["runs"]
-    assert sorted(r["shards"] for r in runs) == [1, 3]
+    assert sorted((r["shards"], r["replicas"]) for r in runs) == [(1, 0), (3, 0), (3, 1)]
+    for run in runs:  # shards 2-3 at one replica each placed on a node of its own
+        every = "+".join(
+            sorted(n.name.removeprefix(shard_cluster.prefix) for n in shard_cluster.nodes)
+        )
+        expected = {"shard 1": every}
+        if run["shards"] == 3:
+            expected |= {f"shard {k}": every if not run["replicas"] else f"n{k}" for k in (2, 3)}
+        assert run["members"] == expected, run
+    assert set(data["summary"]["ratios_by_config"]) == {"3", "3r1"}, data["summary"]
     for run in runs:
         assert run["rate"] > 0, run
         assert run["seconds"] > 0, run

@@ -102,6 +102,8 @@ SPEC = "The OpenAPI document says what the API accepts"
 TRACED = "One record's trace is followed from the API to the commit"
 LOGS = "Nothing from outside forges a log line or grows the log; no password in any form"
 HEALTH = "One health check for every role, on its own port"
+START_COST = "A command loads and runs only what it needs to start"
+T_START_COST = "tests/unit/test_start_cost.py::"
 T_HEALTH = "tests/integration/test_healthcheck.py::"
 T_READY = "tests/integration/test_readiness.py::"
 T_SHARDS = "tests/cluster/test_shards.py::"
@@ -111,6 +113,23 @@ T_TRACE = (
     "tests/integration/test_tracing.py::"
     "test_a_request_is_followed_from_the_api_to_the_flush_that_links_it"
 )
+
+ALERTS = "deploy/prometheus/alerts.yml"
+T_ALERT_RULES = "tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests"
+
+
+def alert_rule(*, name: str, old: str, new: str) -> Mutant:
+    """A bug in the alert rules that ``promtool`` (its check and the rules' unit tests) catches."""
+    return Mutant(
+        name=name,
+        path=ALERTS,
+        old=old,
+        new=new,
+        promise="Operable",
+        tests=(T_ALERT_RULES,),
+        fast=True,
+    )
+
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -1190,14 +1209,10 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_the_dlq_depth_counts_every_dead_letter_the_recorder_did_not_count_too",
         ),
     ),
-    Mutant(
+    alert_rule(
         name="alert-consumers-across-namespaces",
-        path="deploy/prometheus/alerts.yml",
         old='max by (cluster, namespace) (bulk_recorder_queue_consumers{service="bulk-recorder", ',
         new='max(bulk_recorder_queue_consumers{service="bulk-recorder", ',
-        promise="Operable",
-        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
-        fast=True,
     ),
     Mutant(
         name="dashboard-query-ignores-the-namespace",
@@ -1688,18 +1703,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
-    Mutant(
+    alert_rule(
         name="alert-shards-whole-queue-pairs-two-shards",
-        path="deploy/prometheus/alerts.yml",
         old=(
             "            unless on (cluster, namespace)\n"
             "            max by (cluster, namespace) (bulk_recorder_shard_messages"
             '{service="bulk-recorder", job="recorder"})\n'
         ),
         new="",
-        promise="Operable",
-        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
-        fast=True,
     ),
     Mutant(
         name="dashboard-shard-panel-collapses-the-shards",
@@ -1713,14 +1724,10 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
-    Mutant(
+    alert_rule(
         name="alert-shard-backlog-names-no-shard",
-        path="deploy/prometheus/alerts.yml",
         old="max by (cluster, namespace, queue) (delta(",
         new="max by (cluster, namespace) (delta(",
-        promise="Operable",
-        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
-        fast=True,
     ),
     Mutant(
         name="k8s-migrate-job-fixed-name",
@@ -3095,32 +3102,20 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     # issue 39: monitoring pages only for this service
-    Mutant(
+    alert_rule(
         name="alert-foreign-api-pages-as-ours",
-        path="deploy/prometheus/alerts.yml",
         old='expr: up{service="bulk-recorder", job="api"} == 0',
         new='expr: up{job="api"} == 0',
-        promise="Operable",
-        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
-        fast=True,
     ),
-    Mutant(
+    alert_rule(
         name="alert-foreign-recorder-hides-the-outage",
-        path="deploy/prometheus/alerts.yml",
         old='(sum by (cluster, namespace) (up{service="bulk-recorder", job="recorder"}) > 0)',
         new='(sum by (cluster, namespace) (up{job="recorder"}) > 0)',
-        promise="Operable",
-        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
-        fast=True,
     ),
-    Mutant(
+    alert_rule(
         name="alert-one-replica-down-pages-as-critical",
-        path="deploy/prometheus/alerts.yml",
         old='job="recorder"} == 0\n        for: 1m\n        labels:\n          severity: warning',
         new='job="recorder"} == 0\n        for: 1m\n        labels:\n          severity: critical',
-        promise="Operable",
-        tests=("tests/ops/test_alerts.py::test_alert_rules_pass_promtool_check_and_unit_tests",),
-        fast=True,
     ),
     Mutant(
         name="runbook-url-relative",
@@ -3633,6 +3628,43 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        name="shard-replicas-not-declared",
+        path="consumer/topology.py",
+        old="                arguments[GROUP_SIZE] = self.shard_replicas\n",
+        new="                pass\n",
+        promise=SHARDS,
+        tests=(
+            "tests/unit/test_shard_names.py::"
+            "test_shard_replicas_set_the_group_size_of_shards_2_to_n_only",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="shard-replicas-on-shard-one-too",
+        path="consumer/topology.py",
+        old="        if number >= 2:  # shard 1 keeps today's arguments exactly\n",
+        new=(
+            "        if self.shard_replicas:\n"
+            "            arguments[GROUP_SIZE] = self.shard_replicas\n"
+            "        if number >= 2:  # shard 1 keeps today's arguments exactly\n"
+        ),
+        promise=SHARDS,
+        tests=(
+            "tests/unit/test_shard_names.py::"
+            "test_shard_replicas_set_the_group_size_of_shards_2_to_n_only",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="shard-replicas-take-8",
+        path="bulk_recorder/shard_settings.py",
+        old="        le=MAX_SHARD_REPLICAS,\n",
+        new="        le=MAX_SHARD_REPLICAS + 1,\n",
+        promise=BAD_SETTINGS,
+        tests=(T_SETTINGS + "test_shard_replicas_outside_0_to_7_name_the_variable",),
+        fast=True,
+    ),
+    Mutant(
         name="prune-deletes-a-shard-not-drained",
         path="consumer/tools/shards.py",
         old="        if shard.drained:\n            await channel.queue_delete(queue)\n",
@@ -3649,5 +3681,50 @@ MUTANTS: tuple[Mutant, ...] = (
         new="            if number is not None:\n",
         promise=SHARDS,
         tests=(T_SHARDS + "test_a_deleted_shard_is_declared_again_and_consumed_again",),
+    ),
+    # Issue 40: what starting a command loads and runs beyond what it needs.
+    Mutant(
+        name="tracing-loads-opentelemetry-at-import",
+        path="bulk_recorder/infra/tracing.py",
+        old="from bulk_recorder.masking import masked\n",
+        new="import opentelemetry.trace\n\nfrom bulk_recorder.masking import masked\n",
+        promise=START_COST,
+        tests=(
+            T_START_COST
+            + "test_no_module_of_the_service_outside_the_api_loads_opentelemetry_when_imported",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="unknown-settings-load-the-sdk-on-every-start",
+        path="bulk_recorder/unknown_settings.py",
+        old="    if not unread:  # the usual start: the SDK's names (its package) are not even"
+        " loaded\n        return []\n",
+        new="",
+        promise=START_COST,
+        tests=(T_START_COST + "test_a_one_shot_command_loads_no_opentelemetry_and_runs_no_git",),
+        fast=True,
+    ),
+    Mutant(
+        name="every-parser-describes-the-build",
+        path="consumer/cli.py",
+        old='    parser.add_argument("--version", action=_BuildVersion)\n',
+        new="    from bulk_recorder.build import describe\n\n"
+        '    parser.add_argument("--version", action="version", version=describe())\n',
+        promise=START_COST,
+        tests=(T_START_COST + "test_help_runs_no_git",),
+        fast=True,
+    ),
+    Mutant(
+        name="api-package-loads-fastapi",
+        path="bulk_recorder/producer/api/__init__.py",
+        old="if TYPE_CHECKING:\n    from bulk_recorder.producer.api.app import",
+        new="if True:\n    from bulk_recorder.producer.api.app import",
+        promise=START_COST,
+        tests=(
+            T_START_COST
+            + "test_no_module_of_the_service_outside_the_api_loads_opentelemetry_when_imported",
+        ),
+        fast=True,
     ),
 )

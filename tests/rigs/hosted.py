@@ -13,7 +13,8 @@ Two layers, because the broker cluster takes some 30 s to boot and the rest a fe
 
 - :class:`Hosts` (blocking): the namespaces and the RabbitMQ cluster, kept for a whole
   session by ``tests/partitions/conftest.py``'s ``hosts`` fixture. ``Hosts.start(folder,
-  rabbit_config)``, ``.stop()`` (returns :meth:`Net.leftovers`: ``[]`` when nothing is left).
+  rabbit_config, plugins=())`` (``plugins``: enabled at boot on every broker node),
+  ``.stop()`` (returns :meth:`Net.leftovers`: ``[]`` when nothing is left).
 - :class:`Hosted` (asyncio, one per test, the ``hosted`` fixture): a fresh PostgreSQL pair on
   pg1/pg2, forwarders for the test's own clients, and the service processes:
 
@@ -84,11 +85,16 @@ class Hosts:
     rabbit: RabbitCluster
 
     @classmethod
-    def start(cls, folder: Path, rabbit_config: str = "") -> Hosts:
+    def start(cls, folder: Path, rabbit_config: str = "", plugins: tuple[str, ...] = ()) -> Hosts:
+        """The namespaces, then the cluster: ``rabbit_config`` (rabbitmq.conf text) and
+        ``plugins`` (enabled at boot) on every node."""
         net = Net(HOSTS).start()
         try:
             rabbit = RabbitCluster(
-                folder / "rabbit", hosts=[net.host(n) for n in BROKERS], config=rabbit_config
+                folder / "rabbit",
+                hosts=[net.host(n) for n in BROKERS],
+                config=rabbit_config,
+                plugins=plugins,
             )
             rabbit.start()
         except BaseException:

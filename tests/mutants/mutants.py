@@ -2287,6 +2287,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        name="partitions-rig-never-nudges",
+        path="tests/partitions/conftest.py",
+        old="        if waited < self.after:\n            return\n",
+        new="        if True:\n            return\n",
+        promise=NETWORK_PARTITIONS,
+        tests=(
+            "tests/partitions/test_rig.py::"
+            "test_a_node_back_from_pause_minority_stuck_in_global_is_brought_back",
+        ),
+    ),
+    Mutant(
         name="publisher-forgets-a-failed-chunks-ids",
         path="tests/cluster/traffic.py",
         old="                    self.unconfirmed[record_type] |= ids\n",

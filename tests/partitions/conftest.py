@@ -5,7 +5,9 @@ three-node RabbitMQ cluster, some 30 s to start), stopped once no test left in t
 needs it; its teardown checks that nothing is left behind (namespaces, links or rules of the
 root namespace changed) and fails the session's last test that used it if something is.
 ``hosted`` gives each test a fresh PostgreSQL pair, forwarders and a process launcher, and
-heals every partition afterwards, waiting until the cluster has every node running again.
+heals every partition afterwards, waiting until the cluster has every node running again
+(:func:`cluster_whole`, which nudges a node stuck in ``global`` on its way back from
+pause_minority, as an operator of RabbitMQ 3.10.8 on OTP 25 must: :class:`GlobalNudge`).
 ``hosted_topology`` makes unique exchange and queue names on the cluster and deletes them,
 with ``shards`` queue shards (1 here; a module overrides the fixture, as the nemesis run does
 with ``SOAK_SHARDS``). With ``SOAK_SHARDS`` above 1 the session's broker nodes run the random
@@ -18,10 +20,15 @@ test`` installs them: ``make system-tools``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
+import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aio_pika
@@ -33,9 +40,7 @@ from tests.faults.conftest import (
     recorders,  # noqa: F401  (real service processes)
 )
 from tests.rigs import netns, postgres_cluster, rabbitmq_node
-from tests.rigs.hosted import BROKERS, HOSTS, Hosted, Hosts, start_pg
-from tests.rigs.netns import Net
-from tests.rigs.rabbitmq_cluster import RabbitCluster
+from tests.rigs.hosted import Hosted, Hosts, start_pg
 from tests.rigs.rabbitmq_node import RabbitNode
 from tests.rigs.wait import poll
 
@@ -85,7 +90,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     _check_machine()
     folder = tmp_path_factory.mktemp("netns")
-    started = Hosts.start(folder, RABBIT_CONFIG) if SHARDS == 1 else _start_with_plugins(folder)
+    started = Hosts.start(folder, RABBIT_CONFIG, plugins=SHARD_PLUGINS if SHARDS > 1 else ())
     _STARTED.append(started)
     print(
         f"\nnetns rig {started.net.prefix}: cluster start {started.rabbit.timings['start']:.1f} s"
@@ -94,24 +99,6 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
         yield started
     finally:
         _stop(started)
-
-
-def _start_with_plugins(folder: Path) -> Hosts:
-    """:meth:`Hosts.start` with :data:`SHARD_PLUGINS` enabled on every broker node (it passes
-    no plugins to its cluster)."""
-    net = Net(HOSTS).start()
-    try:
-        rabbit = RabbitCluster(
-            folder / "rabbit",
-            hosts=[net.host(n) for n in BROKERS],
-            config=RABBIT_CONFIG,
-            plugins=SHARD_PLUGINS,
-        )
-        rabbit.start()
-    except BaseException:
-        net.close()
-        raise
-    return Hosts(net, rabbit)
 
 
 def _stop(started: Hosts) -> None:
@@ -134,8 +121,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 View = tuple[set[str], list[str]]  # the nodes one node reports running, and its partitions
 
 
-def node_view(node: RabbitNode) -> View:
-    result = node.ctl("cluster_status", "--formatter", "json", check=False, timeout=30)
+def node_view(node: RabbitNode, timeout: float = 30) -> View:
+    try:
+        result = node.ctl("cluster_status", "--formatter", "json", check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:  # a busy machine or a node still booting: not whole yet
+        return set(), [f"no answer in {timeout:.0f} s"]
     try:
         status = json.loads(result.stdout)
     except ValueError:
@@ -144,25 +134,100 @@ def node_view(node: RabbitNode) -> View:
     return set(status.get("running_nodes") or ()), [f"{k}: {v}" for k, v in partitions.items()]
 
 
-def cluster_whole(started: Hosts, timeout: float = 120) -> None:
+# A node back from pause_minority boots again through global:sync(), which waits until
+# `global` has finished its handshake with every connected peer. The reconnect after the heal
+# can leave a peer's `global` believing the handshake done while the node waits for it (an OTP
+# `global` race of RabbitMQ's prevent_overlapping_partitions = false); RabbitMQ's own remedy
+# after 20 s, the "global hang workaround", sends nodedown/nodeup messages that OTP 25.1 and
+# later ignore ("The global_name_server received an unexpected message";
+# rabbitmq-server#6034, fixed by #6046 in 3.10.9 and 3.11.1), so on 3.10.8 the node stays down
+# for good. The operator's nudge, done here after GLOBAL_STUCK_AFTER: disconnect the node from
+# the peers `global` has not synced with; both sides start the handshake over and the boot
+# goes on (docs/high-availability.md).
+GLOBAL_STUCK_AFTER = 30.0  # s: past RabbitMQ's own 20 s, so a release with the fix goes first
+_GLOBAL_CHECK_EVERY = 5.0  # s: each check is a rabbitmqctl call, an Erlang VM boot
+# the peers a node whose rabbit application is not running has not synced `global` with
+# (OTP 25's global state record: its 4th element lists the synced nodes)
+_UNSYNCED = (
+    "case rabbit:is_running() of true -> []; "
+    "false -> nodes() -- element(4, sys:get_state(global_name_server, 10000)) end."
+)
+_NODE_NAME = re.compile(r"[\w.-]+@[\w.-]+")
+
+
+def unsynced_peers(node: RabbitNode) -> list[str] | None:
+    """The peers ``node`` waits on in ``global`` while its rabbit application is not running
+    (``[]`` when it runs; None when it gives no answer)."""
+    try:
+        result = node.ctl("eval", _UNSYNCED, check=False, timeout=60)
+    except subprocess.TimeoutExpired:
+        return None
+    return _NODE_NAME.findall(result.stdout) if result.returncode == 0 else None
+
+
+@dataclass
+class GlobalNudge:
+    """Disconnects a node from the peers it has waited on in ``global`` for ``after`` s."""
+
+    after: float = GLOBAL_STUCK_AFTER
+    done: list[str] = field(default_factory=list)  # what it did, one line a nudge
+    _since: dict[str, float] = field(default_factory=dict)
+    _checked: dict[str, float] = field(default_factory=dict)
+
+    def check(self, node: RabbitNode) -> None:
+        now = time.monotonic()
+        if now - self._checked.get(node.node, -_GLOBAL_CHECK_EVERY) < _GLOBAL_CHECK_EVERY:
+            return
+        self._checked[node.node] = now
+        peers = unsynced_peers(node)
+        if peers is None:  # no answer (a busy machine): the wait so far still counts
+            return
+        if not peers:
+            self._since.pop(node.node, None)
+            return
+        waited = now - self._since.setdefault(node.node, now)
+        if waited < self.after:
+            return
+        listed = ", ".join(f"'{p}'" for p in peers)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # if still stuck: again, later
+            node.ctl("eval", f"[erlang:disconnect_node(N) || N <- [{listed}]].", check=False)
+        self._since.pop(node.node, None)
+        line = f"{node.node} waited {waited:.0f} s in global for {listed}: disconnected from them"
+        self.done.append(line)
+        print(f"cluster_whole: {line}")
+
+
+def cluster_whole(started: Hosts, timeout: float = 120) -> list[str]:
     """Wait until every node reports every node running and no partition (a paused minority
-    resumes once it sees the majority again). While one node's view is not whole the others
-    are not asked: each rabbitmqctl call boots an Erlang VM, seconds on a busy machine."""
+    resumes once it sees the majority again); a node stuck in ``global`` on its way back is
+    nudged (:class:`GlobalNudge`). Returns the nudges. While one node's view is not whole the
+    others are not asked: each rabbitmqctl call boots an Erlang VM, seconds on a busy
+    machine."""
     nodes = started.rabbit.nodes
     expected = {n.node for n in nodes}
     last: dict[str, View] = {}
+    nudge = GlobalNudge()
+    deadline = time.monotonic() + timeout
 
     def whole() -> bool:
         for node in (nodes[1], nodes[2], nodes[0]):  # mq2 first: mq1 is the usual victim
-            last[node.name] = view = node_view(node)
+            # a call may take what is left of the wait: on a busy machine (load 12 on two
+            # cores) one rabbitmqctl call took over 30 s, and one cut short is lost work
+            left = max(30.0, deadline - time.monotonic())
+            last[node.name] = view = node_view(node, left)
             if view[0] != expected or view[1]:
+                missing = expected - view[0] if view[0] else {node.node}
+                for suspect in nodes:
+                    if suspect.node in missing:
+                        nudge.check(suspect)
                 return False
         return True
 
     try:
         poll(whole, timeout, "every broker node running in the cluster", interval=1)
     except TimeoutError as exc:
-        raise TimeoutError(f"{exc}; the nodes' last views: {last}") from None
+        raise TimeoutError(f"{exc}; the nodes' last views: {last}; nudges: {nudge.done}") from None
+    return nudge.done
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ held connection carries its bytes on. A one-way drop loses one direction only. A
 reaches nobody but the observer. The services talk across the bridge (the broker nodes cluster by
 their host addresses, the standby streams from the primary's), and the test reaches them through
 the observer. A dead run's namespaces are swept, processes inside included, and a run leaves
-nothing behind.
+nothing behind. A broker node that comes back from pause_minority stuck in ``global`` is
+brought back by the rig's wait for the cluster, as an operator would.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from pathlib import Path
 import pytest
 
 from bulk_recorder.infra import pg_hosts
+from tests.partitions.conftest import cluster_whole
 from tests.rigs import netns
 from tests.rigs.hosted import Hosted, Hosts
 from tests.rigs.netns import Host, Net
+from tests.rigs.rabbitmq_node import RabbitNode
+from tests.rigs.wait import poll
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]
 
@@ -203,3 +207,46 @@ def test_the_leftover_check_ignores_counters_moving_in_the_rules_it_compares() -
         assert netns.root_state(ns) == before
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=False)
+
+
+def _is_running(node: RabbitNode) -> bool:
+    return node.ctl("eval", "rabbit:is_running().", check=False, timeout=60).stdout.strip() == (
+        "true"
+    )
+
+
+def _hold_global_until_disconnected(node: RabbitNode) -> str:
+    """Erlang for a peer of ``node``: the peer's ``global`` answers nobody until ``node``
+    disconnects from it (at most 10 min), as a ``global`` that never finishes its handshake
+    with ``node`` on the connection the heal makes; a new connection finds it working."""
+    return (
+        "spawn(fun() -> net_kernel:monitor_nodes(true), sys:suspend(global_name_server), "
+        f"receive {{nodedown, '{node.node}'}} -> ok after 600000 -> ok end, "
+        "sys:resume(global_name_server) end), ok."
+    )
+
+
+@pytest.mark.timeout(480)
+def test_a_node_back_from_pause_minority_stuck_in_global_is_brought_back(hosts: Hosts) -> None:
+    """The flake of the partitions-at-once run (seed 20261206): mq2, paused by pause_minority,
+    boots again after the heal and waits in ``global`` for a peer whose ``global`` never
+    finishes the handshake on the new connection. RabbitMQ 3.10.8's own remedy (the "global
+    hang workaround": after 20 s, fake nodedown/nodeup messages) is ignored by OTP 25's
+    ``global``, so the node stays down for good. Here mq3's ``global`` is held from before the
+    heal until mq2 disconnects from it, so the return blocks the same way every time; the
+    rig's wait must bring the node back, as an operator would (docs/high-availability.md)."""
+    mq2, mq3 = hosts.rabbit.nodes[1], hosts.rabbit.nodes[2]
+    cut = hosts.net.cut(["mq2"], ["mq1", "mq3"])
+    held = False
+    try:
+        poll(lambda: not _is_running(mq2), 120, "mq2 paused by pause_minority", interval=1)
+        mq3.ctl("eval", _hold_global_until_disconnected(mq2))
+        held = True
+        hosts.net.restore(cut)
+        nudges = cluster_whole(hosts, 150)
+        assert any(mq2.node in line for line in nudges), nudges
+    finally:
+        hosts.net.heal()
+        if held:
+            mq3.ctl("eval", "sys:resume(global_name_server).")
+        cluster_whole(hosts, 150)

@@ -91,6 +91,7 @@ class Arrivals:
     after: int = SIZE // 2
     count: int = NEWCOMERS
     reads: dict[int, int] = field(default_factory=dict)
+    queues: dict[int, object] = field(default_factory=dict)
     sent: list[list[str]] = field(default_factory=list)
 
     async def arrive(self, prefix: str) -> None:
@@ -112,6 +113,10 @@ class Arrivals:
 
         async def get(q: aio_pika.queue.Queue, *args: Any, **kwargs: Any) -> Any:
             if q.name == self.queue:
+                # each pass's queue object kept alive, so that no later pass's object gets its
+                # id() and goes on with its count (it did: the replay's pass never reached
+                # ``after`` and its batch never came)
+                self.queues.setdefault(id(q), q)
                 self.reads[id(q)] = seen = self.reads.get(id(q), 0) + 1
                 if seen == self.after and self.on_read:
                     await self.arrive(self.on_read.pop(0))

@@ -161,7 +161,11 @@ async def test_a_request_is_followed_from_the_api_to_the_flush_that_links_it(
         assert f.attributes["bulk_recorder.links"] == len(f.links)
     dropped = sum(f.attributes["bulk_recorder.links_dropped"] for f in job_flushes)
     assert dropped > 0, "a full flush of 300 job lines is over the cap"
-    assert len(linked) + dropped == JOB_LINES
+    # every line linked or counted, none lost silently. At least once, not exactly: a line
+    # delivered twice (the relay's at-least-once publish, a redelivery) is linked or counted in
+    # each flush it is in (a run on a busy machine counted 1,001). The exact count of one
+    # flush is tests/unit/test_tracing.py's, with the mutant flush-links-uncapped.
+    assert len(linked) + dropped >= JOB_LINES
     # the odd headers linked nothing: every link of every flush is to a producer span we know,
     # or to the context the test published the refused row with
     producers = {(s.trace_id, s.span_id) for s in spans if s.kind == "PRODUCER"}

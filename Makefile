@@ -76,8 +76,9 @@ release: $(STAMP)
 
 # Unit, integration (real RabbitMQ + PostgreSQL) and fault suites in two phases: every test on
 # TEST_JOBS workers side by side (pytest-xdist; most tests only wait on the services, each with
-# its own database and queues; the rigs' tests share one worker), then the tests marked
-# `exclusive` (they fault something every test shares, bind a fixed port or time themselves)
+# its own database and queues; each rig's tests share one worker), then the tests marked
+# `exclusive` (they fault something every test shares or time themselves; a fixed port is a
+# `fixed_ports` lock of its own)
 # one at a time with nothing beside them (tests/suite_lock.py). Then two fast mutants (a
 # different pair each day) that the tests named for their promise must still kill.
 # JUNIT=/tmp/suite writes /tmp/suite-side-by-side.xml and /tmp/suite-alone.xml

@@ -147,12 +147,15 @@ def holding(
         yield
 
 
-# Tests that share something only one process at a time may have: the cluster and namespace
-# rigs (one session's rig each; two would be six RabbitMQ nodes on two cores), and modules
-# whose private node has a fixed name in the machine's epmd or is costly to boot per worker.
+# Tests that share something only one process at a time may have: the cluster rig and the
+# namespace rig (one session's rig each: their tests on one worker each, not one rig per
+# worker), and modules whose private node has a fixed name in the machine's epmd or is costly
+# to boot per worker. The two rigs run side by side, six RabbitMQ nodes on two cores: one
+# after the other they were the side-by-side phase's longest chain (875 s of its 897), and
+# their tests that time a stall run in the exclusive phase.
 XDIST_GROUPS = {
-    "tests/cluster/": "rigs",
-    "tests/partitions/": "rigs",
+    "tests/cluster/": "cluster-rig",
+    "tests/partitions/": "namespace-rig",
     "tests/faults/test_tls.py": "tls-node",
     "tests/faults/test_relay_poison.py": "poison-node",
     "tests/faults/test_dead_letter_refused.py": "dead-letter-node",

@@ -1,5 +1,5 @@
-"""The rigs' tests, and the modules with a fixed-name private node, run on one xdist worker
-each (tests/suite_lock.py XDIST_GROUPS), whatever the number of workers."""
+"""Each rig's tests, and each module with a fixed-name private node, run on one xdist worker
+(tests/suite_lock.py XDIST_GROUPS), whatever the number of workers."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ def test_where(n):
 
 
 def test_a_group_is_found_by_its_folder_or_module() -> None:
-    assert xdist_group_of("tests/cluster/test_rigs.py::test_x") == "rigs"
-    assert xdist_group_of("tests/partitions/test_rig.py::test_y[1]") == "rigs"
+    assert xdist_group_of("tests/cluster/test_rigs.py::test_x") == "cluster-rig"
+    assert xdist_group_of("tests/partitions/test_rig.py::test_y[1]") == "namespace-rig"
     assert xdist_group_of("tests/faults/test_tls.py::test_z") == "tls-node"
     assert xdist_group_of("tests/faults/test_crash.py::test_z") is None
     assert xdist_group_of("tests/unit/test_x.py::test_cluster") is None
-    assert len(set(XDIST_GROUPS.values())) == 4
+    assert len(set(XDIST_GROUPS.values())) == 5
 
 
 def test_grouped_tests_share_one_worker_and_the_rest_spread(
@@ -55,6 +55,6 @@ def test_grouped_tests_share_one_worker_and_the_rest_spread(
     result.assert_outcomes(passed=12)
     seen = [json.loads(p.read_text()) for p in out.iterdir()]
     workers = {module: {w for w, m in seen if m == module} for _, module in seen}
-    rigs = workers["test_cluster"] | workers["test_partitions"]
-    assert len(rigs) == 1, f"the rigs' tests ran on {sorted(rigs)}"
+    for rig in ("test_cluster", "test_partitions"):
+        assert len(workers[rig]) == 1, f"{rig}'s tests ran on {sorted(workers[rig])}"
     assert len(workers["test_integration"]) > 1, "ungrouped tests should spread"

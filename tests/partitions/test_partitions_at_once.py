@@ -39,9 +39,9 @@ pytestmark = [
     pytest.mark.netns,
     pytest.mark.slow,
     pytest.mark.timeout(int(SECONDS * 4 + 420)),
-    # Side by side, on the namespace rig's worker: it times nothing. The node that once stayed paused past
-    # the 240 s wait was stuck in OTP's global (RabbitMQ 3.10.8 on OTP 25), not slowed by the
-    # CPU; cluster_whole nudges it now (tests/partitions/conftest.py, GlobalNudge).
+    # Side by side, on the namespace rig's worker: it times nothing. The node that once stayed
+    # paused past the 240 s wait was stuck in OTP's global (RabbitMQ 3.10.8 on OTP 25), not
+    # slowed by the CPU; cluster_whole nudges it now (tests/partitions/conftest.py, GlobalNudge).
 ]
 
 

@@ -9,8 +9,9 @@ teardown), as pytest reports them; the CPU seconds are the whole machine's busy 
 same span (tests/cpu_clock.py), meaningful when the tests ran one at a time; the own CPU seconds
 are the test's pytest process's and the children it waited for (the roles it started, its
 private servers), meaningful side by side too (the machine's RabbitMQ and PostgreSQL are not
-in them). ``--by own`` lists the tests that cost the most own CPU instead of the slowest.
-Several reports (one per phase of a run) add up.
+in them; a child's CPU is counted when it is reaped, in whichever test that happens).
+``--by own`` lists the tests that cost the most own CPU instead of the slowest. Several
+reports (one per phase of a run) add up.
 """
 
 from __future__ import annotations

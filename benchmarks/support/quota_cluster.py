@@ -9,6 +9,11 @@ and cleaning up run unlimited, so that they take seconds, not minutes.
 :meth:`QuotaCluster.sample` reads each node's CPU seconds (``/proc/<pid>/stat`` of the
 processes in its group) and its group's throttling, for the CPU a node used against its quota
 over a window.
+
+On the namespace rig (tests/rigs/hosted.py) the nodes' addresses exist only inside the
+namespaces: ``client_urls`` are the URLs this process reaches them by (forwarders through the
+observer), and :meth:`QuotaCluster.url` gives them; the nodes' own URLs stay what the recorders,
+inside their namespaces, are given.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from consumer.topology import RANDOM_PLUGIN
 from tests.rigs.rabbitmq_cluster import RabbitCluster
 from tests.rigs.rabbitmq_node import RabbitNode
 
-# a channel's name: "127.0.0.1:51234 -> 127.0.0.1:5672 (1)", the node's own port second
-_SERVER_PORT = re.compile(r"-> [^ ]*:(\d+)")
+# a channel's name: "127.0.0.1:51234 -> 127.0.0.1:5672 (1)", the node's own address and port
+# second (the rig's own cluster: one port a node; the namespace rig: one address a node)
+_SERVER = re.compile(r"-> ([^ ]+:\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +109,8 @@ class QuotaCluster:
     # the weight of a group without a quota for the recorders (0: none, they stay where they are)
     recorder_shares: int = 0
     rig: RabbitCluster | None = None
+    # node i's URL as this process reaches it (default: the node's own): see the module's doc
+    client_urls: list[str] | None = None
     groups: dict[str, CpuLimit] = field(default_factory=dict, init=False)
     recorder_group: CpuLimit | None = field(default=None, init=False)
     limited: bool = field(default=False, init=False)
@@ -122,6 +130,12 @@ class QuotaCluster:
     @property
     def nodes(self) -> list[RabbitNode]:
         return self.cluster.nodes
+
+    def url(self, index: int) -> str:
+        """Node ``index``'s (from 0) URL for this process's own connections."""
+        if self.client_urls is not None:
+            return self.client_urls[index]
+        return self.nodes[index].url
 
     def start(self) -> QuotaCluster:
         """Boot and join the nodes (unlimited; an adopted cluster is running already), then put
@@ -180,7 +194,7 @@ class QuotaCluster:
             self.recorder_group = None
 
     async def server_version(self) -> str:
-        connection = await aio_pika.connect(self.nodes[0].url, timeout=30)
+        connection = await aio_pika.connect(self.url(0), timeout=30)
         try:
             props = connection.transport.connection.server_properties  # type: ignore[union-attr]
             return str(props.get("version", "?"))
@@ -189,16 +203,19 @@ class QuotaCluster:
 
     def consumers(self, queues: list[str]) -> dict[str, int]:
         """How many consumers of ``queues`` each node holds, by short name: a consumer's channel
-        is on the node its connection is to, whose AMQP port the channel's name shows (two
-        rabbitmqctl calls, about a CPU second each)."""
+        is on the node its connection is to, whose address and AMQP port the channel's name
+        shows (two rabbitmqctl calls, about a CPU second each)."""
         consumers = self._ctl_rows("list_consumers", "queue_name", "channel_pid")
         channels = self._ctl_rows("list_channels", "pid", "name")
-        by_port = {str(n.amqp_port): n.name.removeprefix(self.cluster.prefix) for n in self.nodes}
+        by_server = {
+            f"{n.address}:{n.amqp_port}": n.name.removeprefix(self.cluster.prefix)
+            for n in self.nodes
+        }
         node_of: dict[str, str] = {}
         for row in channels:
-            found = _SERVER_PORT.search(str(row.get("name", "")))
+            found = _SERVER.search(str(row.get("name", "")))
             if found:
-                node_of[str(row.get("pid"))] = by_port.get(found.group(1), found.group(1))
+                node_of[str(row.get("pid"))] = by_server.get(found.group(1), found.group(1))
         counts: dict[str, int] = {}
         for row in consumers:
             if row.get("queue_name") in queues:

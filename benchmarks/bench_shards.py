@@ -43,7 +43,9 @@ After ``--window`` seconds of drain, the leader of one shard (not node 1, and a 
 is connected to if there is one) gets SIGKILL; the gap is from the kill until that shard
 drains again (a new leader elected, its consumers back). The other shards' drain rate during
 the gap and over the ``--window`` seconds from the kill, against the ``--window`` seconds before
-(target >= 0.8x), and which shards' leaders moved (only the killed node's should).
+(target >= 0.8x), and which shards' leaders moved (only the killed node's should). The same
+measurement with the node cut off by a network partition, then healed and audited:
+benchmarks/bench_shards_partition.py, on the namespace rig.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ from benchmarks.support.quota_cluster import NodeUse, QuotaCluster, Sample
 from benchmarks.support.recorder import RecorderConfig, RecorderProcess, drain
 from benchmarks.support.services import count_rows, temp_database
 from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
-from consumer.tools.loadgen import LoadSpec, publish_load
+from consumer.tools.loadgen import LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, delete_topology
 from tests.rigs.topology import declare_through
 
@@ -196,25 +198,28 @@ async def ready_counts(url: str, topology: Topology) -> list[int]:
 
 async def fill(
     cluster: QuotaCluster, topology: Topology, args: argparse.Namespace, count: int, held: int = 0
-) -> None:
+) -> list[LoadReport]:
     """``count`` records published with confirms, one publisher a node; waits until the shards
     show them ready (a quorum queue confirms before it counts), but for the ``held`` at most
-    that the consumers' prefetch took already."""
+    that the consumers' prefetch took already. Returns each publisher's report."""
     nodes = cluster.nodes
     began = time.monotonic()
     share = [count // len(nodes) + (i < count % len(nodes)) for i in range(len(nodes))]
-    await asyncio.gather(
+    reports = await asyncio.gather(
         *(
-            publish_load(node.url, topology.exchange, LoadSpec(args.type, n, seed=args.seed + i))
-            for i, (node, n) in enumerate(zip(nodes, share, strict=True))
+            publish_load(
+                cluster.url(i), topology.exchange, LoadSpec(args.type, n, seed=args.seed + i)
+            )
+            for i, n in enumerate(share)
         )
     )
     deadline = time.monotonic() + 120
-    while sum(counts := await ready_counts(nodes[0].url, topology)) < count - held:
+    while sum(counts := await ready_counts(cluster.url(0), topology)) < count - held:
         if time.monotonic() > deadline:
             raise RuntimeError(f"only {counts} of {count} records ready in the shards")
         await asyncio.sleep(0.2)
     progress(f"  filled: {counts} ready in {time.monotonic() - began:.1f} s")
+    return list(reports)
 
 
 def recorder_config(
@@ -239,7 +244,7 @@ async def measure_drain(
 ) -> Run:
     shards = config.shards
     topology = make_topology(shards, config.replicas)
-    first = cluster.nodes[0].url
+    first = cluster.url(0)
     await place_shards(cluster, topology)
     await declare_through(first, topology)
     try:
@@ -360,7 +365,7 @@ async def place_shards(cluster: QuotaCluster, topology: Topology) -> None:
         return
     nodes = cluster.nodes
     for number in range(2, topology.shards + 1):
-        connection = await aio_pika.connect(nodes[(number - 1) % len(nodes)].url, timeout=30)
+        connection = await aio_pika.connect(cluster.url((number - 1) % len(nodes)), timeout=30)
         try:
             channel = await connection.channel()
             await channel.declare_queue(
@@ -458,7 +463,7 @@ async def probe(
 async def node_kill(cluster: QuotaCluster, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     topology = make_topology(3)
     nodes = cluster.nodes
-    await declare_through(nodes[0].url, topology)
+    await declare_through(cluster.url(0), topology)
     queues = topology.shard_queues()
     before = await cluster.leaders(queues)
     progress(f"node kill: leaders {describe_leaders(cluster, before)}")
@@ -483,7 +488,7 @@ async def node_kill(cluster: QuotaCluster, args: argparse.Namespace, logs: Path)
             victim_shard = choose_victim(cluster, queues, before, consumers[0])
             victim = cluster.cluster.node(before[queues[victim_shard]] or nodes[-1].node)
             others = [k for k in range(len(queues)) if before[queues[k]] != victim.node]
-            task = asyncio.create_task(probe(cluster, nodes[0].url, topology, timeline, stop))
+            task = asyncio.create_task(probe(cluster, cluster.url(0), topology, timeline, stop))
             await asyncio.sleep(1.0 + args.window)  # a second to settle, then the window before
             progress(f"node kill: SIGKILL {victim.name}, the leader of shard {victim_shard + 1}")
             killed_at = time.monotonic()
@@ -571,7 +576,9 @@ def kill_report(
     times: tuple[float, float | None],
     logfiles: list[Path],
     consumers: list[dict[str, int]],
+    event: str = "kill",
 ) -> dict[str, Any]:
+    """The node's loss in figures; ``event``: how it was lost (a key of :data:`EVENTS`)."""
     killed_at, resumed_at = times
     w = args.window
     before = timeline.rate(others, killed_at - w, killed_at)
@@ -585,6 +592,7 @@ def kill_report(
     expected = [q for q in queues if leaders[0][q] == victim.node]
     last_counts = timeline.points[-1][1] if timeline.points else []
     return {
+        "event": event,
         "victim": cluster.short(victim.node),
         "victim_shard": victim_shard + 1,
         "other_shards": [k + 1 for k in others],
@@ -767,7 +775,20 @@ def summarise(bounds: list[str], runs: int) -> str:
     )
 
 
+# How a node is lost (a report's "event"): the title's words, and the node's participle
+EVENTS = {
+    "kill": ("A node lost at N = 3: SIGKILL {victim} (the leader of shard {shard})", "killed"),
+    "cut": (
+        "A node cut off at N = 3: {victim} (the leader of shard {shard}) cut from its two peers "
+        "and the recorders",
+        "cut",
+    ),
+}
+
+
 def emit_kill(report: dict[str, Any], args: argparse.Namespace) -> None:
+    event = report.get("event", "kill")
+    title, participle = EVENTS[event]
     rows = [
         (
             q,
@@ -778,9 +799,9 @@ def emit_kill(report: dict[str, Any], args: argparse.Namespace) -> None:
         for q in report["leaders_before"]
     ]
     emit(
-        f"A node lost at N = 3: SIGKILL {report['victim']} (the leader of shard "
-        f"{report['victim_shard']}); {args.kill_count:,} records, {args.recorders} recorders",
-        table(["shard", "leader before", "leader after", ""], rows),
+        title.format(victim=report["victim"], shard=report["victim_shard"])
+        + f"; {args.kill_count:,} records, {args.recorders} recorders",
+        table(["shard", "leader before", f"leader after the {event}", ""], rows),
     )
     fmt = lambda x: f"{x:,.0f}" if x == x else "-"  # noqa: E731
     ratio_gap = report["ratio_gap"]
@@ -791,26 +812,28 @@ def emit_kill(report: dict[str, Any], args: argparse.Namespace) -> None:
         table(
             ["window", "records/s", "vs before", f"target >= {TARGET_KILL}x"],
             [
-                (f"{args.window:g} s before the kill", fmt(report["rate_before"]), "", ""),
+                (f"{args.window:g} s before the {event}", fmt(report["rate_before"]), "", ""),
                 (f"the gap ({report['gap_s']:.1f} s, until shard {victim} drains again)",
                  fmt(report["rate_gap"]), f"{ratio_gap:.2f}x", verdict),
-                (f"{args.window:g} s from the kill", fmt(report["rate_after"]),
+                (f"{args.window:g} s from the {event}", fmt(report["rate_after"]),
                  f"{report['ratio_after']:.2f}x", ""),
             ],
         ),
     )  # fmt: skip
     pairs = zip(report["per_shard_before"], report["per_shard_after"], strict=True)
     per = " / ".join(f"shard {k} {fmt(a)} -> {fmt(b)}" for k, (a, b) in enumerate(pairs, 1))
-    print(f"per shard, before -> from the kill: {per}")
+    print(f"per shard, before -> from the {event}: {per}")
     for label in ("before", "after"):
         nodes = ", ".join(f"{n} {u.describe()}" for n, u in report[f"nodes_{label}"].items())
-        print(f"node CPU {label} the kill: {nodes}; machine {report[f'machine_{label}']:.2f} cores")
+        machine = report[f"machine_{label}"]
+        print(f"node CPU {label} the {event}: {nodes}; machine {machine:.2f} cores")
     print(
-        f"consumers by node before the kill: {report['consumers_before']}, after: "
+        f"consumers by node before the {event}: {report['consumers_before']}, after: "
         f"{report['consumers_after']}; each recorder's reconnects: {report['reconnects']}"
     )
     print(
-        f"leaders moved: {report['moved']}; only the killed node's: {report['only_victims_moved']}"
+        f"leaders moved: {report['moved']}; only the {participle} node's: "
+        f"{report['only_victims_moved']}"
     )
     if report["ran_dry"]:
         print(f"warning: shards {report['ran_dry']} ran dry: the window after is cut short")

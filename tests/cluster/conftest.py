@@ -19,14 +19,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-import aio_pika
 import pytest
 
-from consumer.topology import Topology, delete_topology
+from consumer.topology import Topology
 from tests.faults.conftest import recorders  # noqa: F401  (real service processes)
 from tests.rigs import postgres_cluster, rabbitmq_node
 from tests.rigs.postgres_cluster import PgCluster
 from tests.rigs.rabbitmq_cluster import RabbitCluster
+from tests.rigs.topology import delete_through
 
 
 @pytest.fixture(scope="session")
@@ -94,12 +94,7 @@ async def cluster_topology(rabbit_cluster: RabbitCluster) -> AsyncIterator[Topol
     suffix = uuid.uuid4().hex[:10]
     topo = Topology(exchange=f"brha.{suffix}", queue=f"brha.{suffix}.records", delivery_limit=5)
     yield topo
-    node = rabbit_cluster.running_nodes()[0]
-    connection = await aio_pika.connect(node.url, timeout=30)
-    try:
-        left = await delete_topology(connection, topo)
-    finally:
-        await connection.close()
+    left = await delete_through(rabbit_cluster.running_nodes()[0].url, topo)
     assert not left, f"test topology left on the cluster: {left}"
 
 

@@ -30,13 +30,13 @@ import pytest
 from bulk_recorder.infra.migrate import migrate
 from consumer.delivery import ERROR_HEADER
 from consumer.tools.loadgen import LoadSpec, publish_load
-from consumer.topology import Topology, declare_topology, delete_topology
+from consumer.topology import Topology, declare_topology
 from tests.cluster.failover_support import cluster_settings, merge, open_broker
 from tests.cluster.traffic import QueueTraffic
 from tests.conftest import Broker, run_cli, settings_env, wait_for
 from tests.faults.audit import audit_run, row_counts, settled_count, wait_until_settled
 from tests.rigs.rabbitmq_cluster import RabbitCluster
-from tests.rigs.topology import declare_through
+from tests.rigs.topology import declare_through, delete_through
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -53,12 +53,7 @@ async def shard_topology(shard_cluster: RabbitCluster) -> AsyncIterator[Topology
         exchange=f"brsh.{suffix}", queue=f"brsh.{suffix}.records", delivery_limit=5, shards=SHARDS
     )
     yield topo
-    node = shard_cluster.running_nodes()[0]
-    connection = await aio_pika.connect(node.url, timeout=30)
-    try:
-        left = await delete_topology(connection, topo)
-    finally:
-        await connection.close()
+    left = await delete_through(shard_cluster.running_nodes()[0].url, topo)
     assert not [what for what in left if "NOT_FOUND" not in what], left
 
 

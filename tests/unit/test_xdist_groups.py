@@ -14,13 +14,27 @@ pytestmark = pytest.mark.private
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST = """
-import json, os, pathlib
+import json, os, pathlib, time
 import pytest
 
 @pytest.mark.parametrize("n", range(4))
 def test_where(n):
-    out = pathlib.Path(os.environ["WHERE_OUT"]) / f"{os.getpid()}-{__name__}-{n}"
-    out.write_text(json.dumps([os.environ.get("PYTEST_XDIST_WORKER"), __name__]))
+    out = pathlib.Path(os.environ["WHERE_OUT"])
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    (out / f"{os.getpid()}-{__name__}-{n}").write_text(json.dumps([worker, __name__]))
+    if __name__ != "test_integration":
+        return
+    # Wait until an ungrouped test has run on another worker as well. xdist hands a worker its
+    # next unit only when it has two or fewer left, so a worker that holds one rig's four tests
+    # takes an ungrouped one only after two of them: without the wait, the worker that holds
+    # no rig can run every ungrouped test first (it did, on a loaded machine).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        seen = [json.loads(p.read_text()) for p in out.iterdir()]
+        if len({w for w, m in seen if m == __name__}) > 1:
+            return
+        time.sleep(0.05)
+    raise AssertionError("no other worker ran an ungrouped test in 30 s")
 """
 
 

@@ -6,6 +6,9 @@ Recorder -> broker: every ``Basic.Ack`` (its delivery tag and ``multiple`` flag)
 and ``Basic.Reject``, in the order they were sent. ``check_ack`` (optional) is awaited for each
 chunk holding acks before the chunk is forwarded, with the bodies of the acked deliveries: the
 ack frames wait at the tap while it looks, e.g. whether their rows are committed.
+
+``ConfirmHold`` holds publisher confirms; ``CancelDrop`` loses every ``Basic.Cancel`` the broker
+sends (a notice the broker once failed to send).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pamqp import frame as amqp_frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from tests.faults.proxy import Inspect, TcpProxy
+from tests.faults.proxy import Inspect, Rewrite, TcpProxy
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 _HEADER = struct.Struct(">BHI")  # frame type, channel, payload size
@@ -228,3 +231,42 @@ class ConfirmHold(TcpProxy):
                 await self._through.wait()
 
         return sent if to_upstream else received
+
+
+class CancelDrop(TcpProxy):
+    """A TcpProxy that loses every ``Basic.Cancel`` the broker sends: a queue deleted under a
+    consumer then looks, to the client, as if the broker never said so (RabbitMQ 3.10 did that
+    to a recorder on the cluster rig: its channel still held the consumer of a quorum queue
+    that was gone). ``dropped`` counts them; everything else goes through unchanged."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        super().__init__(target_host, target_port)
+        self.dropped = 0
+
+    def rewriter(self, connection: int, to_upstream: bool) -> Rewrite | None:
+        if to_upstream:
+            return None
+        pending = bytearray()
+
+        def rewrite(data: bytes) -> bytes:
+            # protocol header only goes the other way: the broker's side is frames throughout
+            pending.extend(data)
+            out = bytearray()
+            while len(pending) >= _HEADER.size:
+                frame_type, _, size = _HEADER.unpack_from(pending)
+                end = _HEADER.size + size + 1
+                if len(pending) < end:
+                    break
+                raw = bytes(pending[:end])
+                del pending[:end]
+                if frame_type == constants.FRAME_METHOD and raw[7:11] == _BASIC_CANCEL:
+                    self.dropped += 1
+                    continue
+                out += raw
+            return bytes(out)
+
+        return rewrite
+
+
+# A method frame's payload starts with its class and method ids: basic (60), cancel (30).
+_BASIC_CANCEL = struct.pack(">HH", 60, 30)

@@ -23,7 +23,7 @@ import pytest
 
 from settings import Settings
 from tests.conftest import Services, wait_for
-from tests.faults.amqp_tap import AmqpTap, ConfirmHold
+from tests.faults.amqp_tap import AmqpTap, CancelDrop, ConfirmHold
 from tests.faults.proxy import TcpProxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +84,13 @@ async def mq_proxy(services: Services) -> AsyncIterator[TcpProxy]:
 async def amqp_tap(services: Services) -> AsyncIterator[AmqpTap]:
     """A proxy to RabbitMQ that decodes and records the frames (see amqp_tap.py)."""
     async with AmqpTap(*_target(services.rabbitmq_url, 5672)) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+async def cancel_drop(services: Services) -> AsyncIterator[CancelDrop]:
+    """A proxy to RabbitMQ that loses every Basic.Cancel the broker sends (amqp_tap.py)."""
+    async with CancelDrop(*_target(services.rabbitmq_url, 5672)) as proxy:
         yield proxy
 
 

@@ -30,6 +30,9 @@ Mode = Literal["pass", "cut", "blackhole", "refuse"]
 # Sees every chunk of one direction of one connection just before it is forwarded (awaited, so
 # it can hold the chunk); see TcpProxy.inspector.
 Inspect = Callable[[bytes], Awaitable[None]]
+# Rewrites every chunk of one direction of one connection before it is forwarded (after the
+# inspector): what it returns goes on, possibly nothing; see TcpProxy.rewriter.
+Rewrite = Callable[[bytes], bytes]
 
 _CHUNK = 65_536
 
@@ -138,6 +141,11 @@ class TcpProxy:
         direction of each connection (numbered from 1 in accept order). None: not watched."""
         return None
 
+    def rewriter(self, connection: int, to_upstream: bool) -> Rewrite | None:
+        """Hook for subclasses that change the traffic (e.g. drop a frame): called once per
+        direction of each connection. None: forwarded as read."""
+        return None
+
     async def open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """The connection to the target (subclasses may open it elsewhere, e.g. in another
         network namespace: tests/rigs/netns.py)."""
@@ -176,10 +184,20 @@ class TcpProxy:
                 return
             link.tasks = [
                 asyncio.ensure_future(
-                    self._pump(reader, up_writer, self.inspector(number, to_upstream=True))
+                    self._pump(
+                        reader,
+                        up_writer,
+                        self.inspector(number, to_upstream=True),
+                        self.rewriter(number, to_upstream=True),
+                    )
                 ),
                 asyncio.ensure_future(
-                    self._pump(up_reader, writer, self.inspector(number, to_upstream=False))
+                    self._pump(
+                        up_reader,
+                        writer,
+                        self.inspector(number, to_upstream=False),
+                        self.rewriter(number, to_upstream=False),
+                    )
                 ),
             ]
             # When either direction ends, the other cannot carry a meaningful conversation.
@@ -192,7 +210,11 @@ class TcpProxy:
             self._links.discard(link)
 
     async def _pump(
-        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, inspect: Inspect | None
+        self,
+        src: asyncio.StreamReader,
+        dst: asyncio.StreamWriter,
+        inspect: Inspect | None,
+        rewrite: Rewrite | None = None,
     ) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
@@ -207,5 +229,7 @@ class TcpProxy:
                     await inspect(data)
                     if self._is_cut() or dst.transport.is_closing():
                         return
+                if rewrite is not None:
+                    data = rewrite(data)
                 dst.write(data)
                 await dst.drain()

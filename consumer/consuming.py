@@ -17,9 +17,11 @@ it; a message showing up there again is consumed again.
 
 When the broker cancels the consumer (Basic.Cancel: its queue was deleted), the recorder is not
 ready at once and goes round the loop: its channel and deliveries dropped, a new connection,
-the topology declared again, then consume. A broker that keeps cancelling at once is met with a
-growing backoff, not a busy loop. A topology the broker refuses ends the loop: the recorder
-stops, and ``run`` raises it (exit 3).
+the topology declared again, then consume. A routed shard the queue watch finds gone while we
+hold a consumer on it is taken the same way (the broker's notice can be lost: RabbitMQ 3.10 once
+kept a deleted quorum queue's consumer on the channel and sent nothing). A broker that keeps
+cancelling at once is met with a growing backoff, not a busy loop. A topology the broker refuses
+ends the loop: the recorder stops, and ``run`` raises it (exit 3).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class Consuming:
         self._tags: dict[str, str] = {}  # queue -> consumer tag, while consuming it
         self._let_go: set[str] = set()  # leftover shards found empty: not consumed for now
         self._on_cancel: Callable[[spec.Basic.Cancel], None] | None = None
+        self._shard_gone: Callable[[str], None] | None = None  # as a cancel of that queue would
         self._lock = asyncio.Lock()
         self._closing = False
         self._connected_before = False
@@ -226,17 +229,21 @@ class Consuming:
         True when the broker cancelled the consumer (Basic.Cancel: its queue was deleted)."""
         cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
+        def shard_gone(queue: str, how: str = "cancelled by the broker") -> None:
+            self.ok = False
+            self.cancelled_note = f"consumer of {queue} {how}"
+            if not cancelled.done():
+                cancelled.set_result(None)
+
         def on_cancel(frame: spec.Basic.Cancel) -> None:
             # in the channel's reader (no RPC here); its deliveries die with it, in the loop
             queue = self._cancelled(str(frame.consumer_tag))
             if queue is None:
                 return  # a leftover shard deleted (drained and pruned): nothing to declare
-            self.ok = False
-            self.cancelled_note = f"consumer of {queue} cancelled by the broker"
-            if not cancelled.done():
-                cancelled.set_result(None)
+            shard_gone(queue)
 
         self._on_cancel = on_cancel
+        self._shard_gone = lambda queue: shard_gone(queue, "lost: its queue is gone")
         shard_channels = list(self.by_queue.values()) or [channel]
         for each in shard_channels:
             each.on_consumer_cancel_callbacks.add(on_cancel)
@@ -249,6 +256,7 @@ class Consuming:
             await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._on_cancel = None
+            self._shard_gone = None
             for each in list(self.by_queue.values()) or shard_channels:
                 each.on_consumer_cancel_callbacks.discard(on_cancel)
             for fut in (closed, stopped):
@@ -300,13 +308,31 @@ class Consuming:
                     with broker_failures_suppressed():
                         await channel.basic_cancel(tag)
 
-    async def reconcile(self, leftovers: Mapping[int, int]) -> None:
+    async def reconcile(
+        self,
+        leftovers: Mapping[int, int],
+        gone: frozenset[str] = frozenset(),
+        looked_through: aio_pika.abc.AbstractConnection | None = None,
+    ) -> None:
         """The queue watch's look at the leftover shards past N that exist now (number ->
         messages ready): consume a new one, let go of an empty one, consume again one that
-        holds messages again, forget one that is gone (pruned)."""
+        holds messages again, forget one that is gone (pruned). A routed shard in ``gone``
+        that we hold a consumer on was deleted without the broker's cancel reaching us: go
+        round the loop as a cancel would (unless the look went through an older connection,
+        which a cancel has already replaced)."""
         connection = self.connection
         if connection is None or connection.is_closed or not self.ok:
             return
+        if looked_through is None or looked_through is connection:
+            lost = sorted(queue for queue in gone if queue in self._tags)
+            if lost and self._shard_gone is not None:
+                log.warning(
+                    "%s gone with no cancel from the broker: declaring it again", ", ".join(lost)
+                )
+                for queue in lost:
+                    del self._tags[queue]
+                    self._shard_gone(queue)
+                return
         topology = self.topology
         wanted = {
             topology.shard_queue(k): ready for k, ready in leftovers.items() if self.wanted(k)

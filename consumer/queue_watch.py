@@ -30,6 +30,13 @@ shard has none), and ``bulk_recorder_shard_messages{queue}`` and
 ready messages, go to :meth:`consumer.consuming.Consuming.reconcile`, which consumes new ones
 and lets go of empty ones. With one shard and no leftover, the figures are the one queue's.
 
+The routed shards a look finds gone go there too, with the connection it looked through: a
+queue deleted under the recorder is normally told by the broker (Basic.Cancel), but RabbitMQ
+3.10 once lost that notice on the cluster rig (its channel still held the consumer of a quorum
+queue that was gone), and the recorder would have waited for deliveries that could not come.
+The look is the second path: a routed shard this recorder holds a consumer on, gone, makes it
+declare the topology again, as a cancel would, within one period.
+
 A look that finds the queue deleted exports 0 and 0: nothing waits in it and nothing consumes
 it (the relay's publishes come back unroutable meanwhile, which its own alerts see). A DLQ that
 does not exist reads 0. A look that cannot be made (the recorder not connected, the broker
@@ -74,7 +81,11 @@ class Shards:
 
     topology: Topology
     wanted: Callable[[int], bool]
-    reconcile: Callable[[Mapping[int, int]], Awaitable[None]]
+    # (leftovers found: number -> messages ready, routed shards found gone, the connection
+    # the look went through)
+    reconcile: Callable[
+        [Mapping[int, int], frozenset[str], aio_pika.abc.AbstractConnection], Awaitable[None]
+    ]
 
 
 class QueueWatch:
@@ -177,9 +188,12 @@ class QueueWatch:
         topology = shards.topology
         counts: dict[str, tuple[int, int]] = {}
         routed = [k for k in range(1, topology.shards + 1) if shards.wanted(k)]
+        gone: set[str] = set()
         for number in routed:
             found = await self._probe(connection, topology.shard_queue(number))
             counts[topology.shard_queue(number)] = found or (0, 0)
+            if found is None:
+                gone.add(topology.shard_queue(number))
         leftovers: dict[int, int] = {}
         present: set[int] = set()
         probe_new = self._looks % PROBE_NEW_EVERY == 0
@@ -195,7 +209,7 @@ class QueueWatch:
                 leftovers[number] = found[0]
                 counts[topology.shard_queue(number)] = found
         self._leftovers_known = present
-        await shards.reconcile(leftovers)
+        await shards.reconcile(leftovers, frozenset(gone), connection)
         self._export_shards(counts if topology.shards > 1 or leftovers else {})
         messages = sum(ready for ready, _ in counts.values())
         on_routed = [counts[topology.shard_queue(k)][1] for k in routed]

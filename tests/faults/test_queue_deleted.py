@@ -23,6 +23,7 @@ from consumer.tools.generator import Generator
 from consumer.topology import Topology, declare_topology
 from settings import Settings
 from tests.conftest import Broker, wait_for
+from tests.faults.amqp_tap import CancelDrop
 from tests.faults.audit import table_ids
 from tests.faults.conftest import RecorderPool, RecorderProcess, via_proxy
 from tests.faults.scrape import http_get, scrape
@@ -209,6 +210,52 @@ async def test_the_recorder_declares_its_deleted_queue_again_with_the_contract_a
     # one cancel, one line about it: no loop
     log = proc.log_text()
     assert log.count("cancelled by the broker") <= 2, log[-3000:]
+
+
+async def test_a_deleted_queue_whose_cancel_is_lost_is_declared_again_at_the_next_look(
+    make_settings, recorders, broker: Broker, db, database_url, services, cancel_drop: CancelDrop
+) -> None:
+    """The broker's Basic.Cancel never reaches the recorder (RabbitMQ 3.10 once kept a deleted
+    quorum queue's consumer on the channel and sent nothing): the queue watch, which looks
+    every 5 s, finds the queue gone while the recorder holds a consumer on it, and the recorder
+    declares it again and consumes, as a cancel would have made it."""
+    await migrate(database_url)
+    topo = broker.topology
+    port = _free_port()
+    settings = make_settings(
+        rabbitmq_url=via_proxy(services.rabbitmq_url, cancel_drop),
+        metrics_port=port,
+        bulk_recorder_size=5,
+    )
+    proc = await _start(recorders, settings)
+
+    await broker.channel.queue_delete(topo.queue)
+    await wait_for(lambda: cancel_drop.dropped == 1, timeout=15)  # the notice, lost
+
+    async def declared_and_attached() -> bool:
+        assert proc.running, proc.log_text()[-2000:]
+        state = await _queue_state(services.rabbitmq_url, topo.queue)
+        return state is not None and state[1] == 1
+
+    try:
+        await wait_for(declared_and_attached, timeout=30)  # the look every 5 s, with room
+    except AssertionError:
+        # before the fix: the queue missing for ever, the recorder waiting on its consumer
+        state = await _queue_state(services.rabbitmq_url, topo.queue)
+        status, body = await http_get(port, "/readyz")
+        raise AssertionError(f"queue {state or 'missing'}, /readyz {status} {body}") from None
+    messages = _valid(95, 5)
+    await broker.publish_many(messages)
+    conn = await db()
+    await wait_for(lambda: _recorded(conn, _ids(messages)), timeout=30)
+    await wait_for(lambda: _gauge_is(port, CONSUMERS, 1), timeout=30)
+    assert (await http_get(port, "/readyz"))[0] == 200
+    metrics = await scrape(port)
+    assert metrics["bulk_recorder_broker_reconnects_total"] == 1  # once, not a loop
+    assert await proc.terminate() == 0
+    log = proc.log_text()
+    assert log.count("gone with no cancel from the broker") == 1, log[-3000:]
+    assert "cancelled by the broker" not in log  # this path, not the cancel's
 
 
 async def _gauge_is(port: int, name: str, value: float) -> bool:

@@ -566,6 +566,43 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        name="gone-shard-without-cancel-ignored",
+        path="consumer/consuming.py",
+        old="lost = sorted(queue for queue in gone if queue in self._tags)",
+        new="lost: list[str] = []",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/unit/test_consuming_gone.py::"
+            "test_a_held_shard_found_gone_through_the_current_connection_is_taken_as_cancelled",
+            "tests/faults/test_queue_deleted.py::"
+            "test_a_deleted_queue_whose_cancel_is_lost_is_declared_again_at_the_next_look",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="watch-never-reports-a-gone-shard",
+        path="consumer/queue_watch.py",
+        old="                gone.add(topology.shard_queue(number))",
+        new="                pass",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/faults/test_queue_deleted.py::"
+            "test_a_deleted_queue_whose_cancel_is_lost_is_declared_again_at_the_next_look",
+        ),
+    ),
+    Mutant(
+        name="gone-shard-seen-through-an-older-connection-acted-on",
+        path="consumer/consuming.py",
+        old="if looked_through is None or looked_through is connection:",
+        new="if True:",
+        promise=BROKER_LOSS,
+        tests=(
+            "tests/unit/test_consuming_gone.py::"
+            "test_a_look_through_an_older_connection_changes_nothing",
+        ),
+        fast=True,
+    ),
+    Mutant(
         name="unroutable-return-as-refusal",
         path="bulk_recorder/producer/relay_batch.py",
         old="unroutable += 1  # our queue or its binding is gone: not the row's fault",

@@ -110,3 +110,10 @@ def test_version_still_describes_the_build() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("bulk-recorder "), done.stdout
     assert "(revision " in done.stdout
+
+
+def test_the_suite_does_not_load_the_schemathesis_plugin(pytestconfig: pytest.Config) -> None:
+    """Every pytest start loaded schemathesis's plugin (about 1 CPU-s, a third of a start that
+    runs one test) though no test uses it: the fuzz run is its CLI, the schema test its
+    strategies. ``make mutants`` starts pytest over 300 times."""
+    assert not pytestconfig.pluginmanager.has_plugin("schemathesis")

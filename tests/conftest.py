@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aio_pika
 import asyncpg
 import pytest
+from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
 
 from bulk_recorder.infra.metrics import Metrics
@@ -29,6 +30,7 @@ from consumer.app import Recorder
 from consumer.topology import Topology, declare_topology, delete_topology
 from settings import Settings, load_settings
 from tests.compiled import stale_builds
+from tests.mutants import MUTANT_RUN_ENV
 
 # Each test's CPU beside its wall time in a JUnit report (tests/durations.py reads both); the
 # lock that lets tests run side by side (tests/suite_lock.py); pytester runs throwaway sessions.
@@ -106,7 +108,14 @@ LEDGER_LAYOUTS = ("plain", "partitioned")
 # several workers an example can wait for a core. Speed is proven by benchmarks, never by a
 # timed example; every other setting stays Hypothesis's own.
 hypothesis_settings.register_profile("suite", deadline=None)
-hypothesis_settings.load_profile("suite")
+# A mutant's run (tests/mutants/run.py sets MUTANT_RUN) needs a failure, not its smallest
+# example: shrinking one took three minutes of `make mutants`. Everything else as in "suite".
+hypothesis_settings.register_profile(
+    "mutants",
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
+)
+hypothesis_settings.load_profile("mutants" if os.environ.get(MUTANT_RUN_ENV) else "suite")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

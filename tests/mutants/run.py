@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.mutants import MUTANT_RUN_ENV
 from tests.mutants.mutants import MUTANTS, Mutant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,6 +156,7 @@ def child_env(scratch: Path) -> dict[str, str]:
     # The scratch copy first, for pytest and for every child process the tests start.
     env["PYTHONPATH"] = str(scratch)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env[MUTANT_RUN_ENV] = "1"  # Hypothesis reports a failure unshrunk (tests/conftest.py)
     env.pop("SOAK", None)
     return env
 

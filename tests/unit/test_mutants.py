@@ -7,10 +7,13 @@ one of them no longer applies, instead of `make mutants` discovering it later.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.mutants import MUTANT_RUN_ENV, run
 from tests.mutants.mutants import MUTANTS, Mutant
 from tests.mutants.run import REPO, SnippetError, check_snippets, mutate, subset
 
@@ -142,3 +145,23 @@ def test_the_baseline_runs_side_by_side_then_the_exclusive_tests_alone(
     assert (code, seconds) == (expected, float(phases))
     assert calls[0] == ("-n", "3", "--dist", "loadgroup", "-m", "not exclusive")
     assert calls[1:] == ([("-m", "exclusive")] if phases == 2 else [])
+
+
+def test_a_mutant_run_asks_hypothesis_not_to_shrink(tmp_path: Path) -> None:
+    """A kill needs a failure, not its smallest example: shrinking one took three minutes."""
+    env = run.child_env(tmp_path)
+    assert env[MUTANT_RUN_ENV] == "1"
+    script = (
+        "import tests.conftest; from hypothesis import Phase, settings;"
+        "print(Phase.shrink in settings.default.phases)"
+    )
+    for value, shrinks in (("1", "False"), ("", "True")):
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=REPO,
+            env={**env, MUTANT_RUN_ENV: value, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert out == shrinks, (value, out)

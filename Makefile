@@ -120,8 +120,9 @@ test-compose: $(STAMP)
 
 # Every mutant in tests/mutants/mutants.py, each on a scratch copy against its promise's tests,
 # after checking those tests pass unmutated. Ends with "mutants: N killed, 0 survived".
-# MUTANT_JOBS side by side (their tests mostly wait on the services); those whose tests fault a
-# shared service or bind fixed ports run alone, after the others (tests/mutants/run.py).
+# MUTANT_JOBS side by side (their tests mostly wait on the services): the rigs' mutants one at a
+# time on one lane, the slow ones first, those with a test marked exclusive after the others
+# (tests/mutants/run.py).
 MUTANT_JOBS ?= 4
 mutants: $(STAMP)
 	$(BIN)/python -m tests.mutants.run --baseline --jobs $(MUTANT_JOBS)

@@ -21,11 +21,14 @@ With ``--jobs N``, N mutants run side by side, each on its own scratch copy (the
 the services far more than they compute). A test marked ``exclusive`` (it faults something every
 test shares or times itself) still runs with no other test beside it, and one marked
 ``fixed_ports`` with no other test binding its ports: the suite lock (tests/suite_lock.py) is
-one per user, so the mutants' pytest runs take it as the workers of one run do. A mutant whose
-tests start clusters and namespaces, the image or compose (``EXCLUSIVE``) runs alone, after the
-others: two rigs at once would be six RabbitMQ nodes on two cores. ``--baseline`` runs the
-named tests as ``make test`` does: side by side on ``--jobs`` workers, then the exclusive ones
-alone.
+one per user, so the mutants' pytest runs take it as the workers of one run do. The mutants
+whose tests start clusters and namespaces, the image or compose (``EXCLUSIVE``) run one after
+the other on one lane, beside the shared ones on the others, as ``make test`` runs its rigs
+(two rigs at once would be six RabbitMQ nodes on two cores); the shared ones start slow first
+(``fast`` last, to fill the end). The mutants with a named test marked exclusive run after all
+of those: such a test holds back every new test while it waits for the running ones, and a
+rig's test runs for minutes. ``--baseline`` runs the named tests as ``make test`` does: side
+by side on ``--jobs`` workers, then the exclusive ones alone.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -255,13 +259,46 @@ def run_mutant(
 
 
 def exclusive(mutant: Mutant) -> bool:
-    """Whether the mutant's tests must run with no other mutant's beside them."""
+    """Whether the mutant's tests start a rig: never beside another rig's."""
     return any(test.startswith(EXCLUSIVE) for test in mutant.tests)
 
 
-def run_all(chosen: Sequence[Mutant], logs: Path, jobs: int) -> list[Outcome]:
-    """Every chosen mutant: ``jobs`` at a time, then the exclusive ones one at a time; each
-    outcome printed as it comes, the list in the chosen order."""
+def marked_exclusive(chosen: Sequence[Mutant]) -> frozenset[str]:
+    """The mutants with a named test marked ``exclusive`` (it waits for every other test of the
+    shared services to end, and holds back every new one meanwhile), found by collecting the
+    named tests once."""
+    tests = sorted({t for m in chosen if not exclusive(m) for t in m.tests})
+    if not tests:
+        return frozenset()
+    command = [python(), "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider"]
+    out = subprocess.run(
+        [*command, "-m", "exclusive", *tests],
+        cwd=REPO,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode not in (0, NO_TESTS_COLLECTED):
+        raise SystemExit(f"collecting the named tests failed:\n{out.stdout[-3000:]}")
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    return frozenset(
+        m.name
+        for m in chosen
+        if not exclusive(m)
+        and any(i == t or i.startswith((t + "[", t + "::")) for t in m.tests for i in ids)
+    )
+
+
+def run_all(
+    chosen: Sequence[Mutant], logs: Path, jobs: int, locking: frozenset[str] = frozenset()
+) -> list[Outcome]:
+    """Every chosen mutant; each outcome printed as it comes, the list in the chosen order.
+
+    With ``jobs`` > 1: the rig mutants one after the other on one lane, beside the shared ones
+    on the other lanes (as make test runs the rigs beside the other tests), the slow shared
+    ones first; then the ``locking`` ones (a named test marked exclusive, which holds back
+    every other test while it waits and runs), so that none waits for a rig's test."""
     printing = threading.Lock()
 
     def one(mutant: Mutant) -> Outcome:
@@ -273,14 +310,35 @@ def run_all(chosen: Sequence[Mutant], logs: Path, jobs: int) -> list[Outcome]:
             )
         return outcome
 
-    shared = [m for m in chosen if jobs > 1 and not exclusive(m)]
-    alone = [m for m in chosen if m not in shared]
     found: dict[str, Outcome] = {}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for outcome in pool.map(one, shared):
+    if jobs <= 1:
+        for mutant in chosen:
+            found[mutant.name] = one(mutant)
+        return [found[m.name] for m in chosen]
+    rigs = [m for m in chosen if exclusive(m)]
+    last = [m for m in chosen if m.name in locking and m not in rigs]
+    shared = [m for m in chosen if m not in rigs and m not in last]
+    shared.sort(key=lambda m: m.fast)  # stable: the slow ones first, in the chosen order
+    waiting: queue.SimpleQueue[Mutant] = queue.SimpleQueue()
+    for mutant in shared:
+        waiting.put(mutant)
+
+    def lane(first: Sequence[Mutant]) -> None:
+        for mutant in first:
+            found[mutant.name] = one(mutant)
+        while True:
+            try:
+                mutant = waiting.get_nowait()
+            except queue.Empty:
+                return
+            found[mutant.name] = one(mutant)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        lanes = [pool.submit(lane, rigs)] + [pool.submit(lane, ()) for _ in range(jobs - 1)]
+        for done in lanes:
+            done.result()
+        for outcome in pool.map(one, last):
             found[outcome.mutant.name] = outcome
-    for mutant in alone:
-        found[mutant.name] = one(mutant)
     return [found[m.name] for m in chosen]
 
 
@@ -358,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     if args.each:
         return each_test(chosen, logs)
-    outcomes = run_all(chosen, logs, args.jobs)
+    locking = marked_exclusive(chosen) if args.jobs > 1 else frozenset()
+    outcomes = run_all(chosen, logs, args.jobs, locking)
     killed = sum(o.status == "killed" for o in outcomes)
     survived = sum(o.status == "survived" for o in outcomes)
     errors = sum(o.status == "error" for o in outcomes)

@@ -67,20 +67,22 @@ def test_the_rotating_subset_visits_every_fast_mutant() -> None:
     assert len(subset(2, 0)) == min(2, len(fast))
 
 
-def test_side_by_side_mutants_overlap_and_an_exclusive_one_runs_alone(
+def test_side_by_side_the_rigs_take_one_lane_and_the_locking_ones_come_last(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """``--jobs``: the shared mutants do run together; a mutant whose tests start a cluster or
-    a namespace rig runs with nothing beside it (a single test that faults a shared service
-    is marked exclusive and waits for the suite lock instead: tests/unit/test_suite_lock.py)."""
+    """``--jobs``: a mutant whose tests start a cluster or a namespace rig runs beside the
+    shared ones, never beside another rig's; the slow shared ones start before the fast; a
+    mutant whose named test is marked exclusive (it holds back every other test while it
+    waits: tests/unit/test_suite_lock.py) runs after all the others, so that it never waits
+    for a rig's test."""
     import threading
-
-    from tests.mutants import run
 
     running: set[str] = set()
     beside: dict[str, set[str]] = {}
-    together = threading.Barrier(3)
+    started: list[str] = []
+    a_shared_one_started = threading.Event()
     lock = threading.Lock()
+    rigs = {"fault", "ports"}
 
     def fake(mutant: Mutant, logs: Path) -> run.Outcome:
         with lock:
@@ -88,27 +90,67 @@ def test_side_by_side_mutants_overlap_and_an_exclusive_one_runs_alone(
             for other in running:
                 beside.setdefault(other, set()).add(mutant.name)
             running.add(mutant.name)
-        if not run.exclusive(mutant):
-            together.wait(timeout=30)  # broken (a failure) unless all three run at once
+            started.append(mutant.name)
+        if mutant.name in rigs:  # broken (a failure) unless a shared one runs meanwhile
+            assert a_shared_one_started.wait(timeout=30)
+        elif mutant.name != "timed":
+            a_shared_one_started.set()
         with lock:
             running.discard(mutant.name)
         return run.Outcome(mutant, "killed", 0.05, "")
 
     monkeypatch.setattr(run, "run_mutant", fake)
     tests = {
+        "quick": ("tests/unit/test_x.py::test_q",),
         "a": ("tests/unit/test_x.py::test_a",),
         "fault": ("tests/unit/test_x.py::test_b", "tests/cluster/test_y.py::test_c"),
+        "timed": ("tests/unit/test_t.py::test_t",),
         "b": ("tests/integration/test_z.py::test_d",),
         "ports": ("tests/partitions/test_e.py::test_e",),
         "c": ("tests/faults/test_w.py::test_f",),
     }
-    chosen = [Mutant(n, "p", "o", "n", "promise", t) for n, t in tests.items()]
-    outcomes = run.run_all(chosen, tmp_path, jobs=3)
+    chosen = [Mutant(n, "p", "o", "n", "promise", t, fast=n == "quick") for n, t in tests.items()]
+    outcomes = run.run_all(chosen, tmp_path, jobs=3, locking=frozenset({"timed"}))
     assert [o.mutant.name for o in outcomes] == list(tests)  # in the chosen order
-    assert beside["fault"] == set()
-    assert beside["ports"] == set()
-    assert beside["a"] == {"b", "c"}  # three shared mutants, three jobs: all at once
-    assert {n for n in tests if run.exclusive(chosen[list(tests).index(n)])} == {"fault", "ports"}
+    assert "ports" not in beside["fault"]
+    assert "fault" not in beside["ports"]
+    assert beside["fault"] & {"quick", "a", "b", "c"}  # a rig beside the shared ones
+    assert beside["timed"] == set()
+    assert started[-1] == "timed"
+    shared_order = [n for n in started if n in {"quick", "a", "b", "c"}]
+    assert shared_order[-1] == "quick", shared_order  # the fast one last
+    assert {n for n in tests if run.exclusive(chosen[list(tests).index(n)])} == rigs
+
+
+def test_one_job_runs_every_mutant_in_the_chosen_order(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    started: list[str] = []
+
+    def fake(mutant: Mutant, logs: Path) -> run.Outcome:
+        started.append(mutant.name)
+        return run.Outcome(mutant, "killed", 0.05, "")
+
+    monkeypatch.setattr(run, "run_mutant", fake)
+    names = ["x", "rig", "y"]
+    tests = {"rig": ("tests/cluster/test_y.py::test_c",)}
+    chosen = [Mutant(n, "p", "o", "n", "promise", tests.get(n, ("t",))) for n in names]
+    run.run_all(chosen, tmp_path, jobs=1, locking=frozenset({"x"}))
+    assert started == names
+
+
+def test_the_locking_mutants_are_found_by_their_tests_marks() -> None:
+    """A named test marked exclusive, by itself or by its module, makes its mutant locking;
+    parametrized ids count for the function named."""
+    by_name = {m.name: m for m in MUTANTS}
+    locking = run.marked_exclusive(
+        [
+            by_name["queue-watch-not-every-5-s"],  # a test marked exclusive itself
+            by_name["loop-lag-counts-its-own-sleep"],  # a module marked exclusive
+            by_name["ack-before-commit"],  # neither
+        ]
+    )
+    assert locking == {"queue-watch-not-every-5-s", "loop-lag-counts-its-own-sleep"}
 
 
 @pytest.mark.parametrize(

@@ -149,10 +149,10 @@ def holding(
 
 # Tests that share something only one process at a time may have: the cluster rig and the
 # namespace rig (one session's rig each: their tests on one worker each, not one rig per
-# worker), and modules whose private node has a fixed name in the machine's epmd or is costly
-# to boot per worker. The two rigs run side by side, six RabbitMQ nodes on two cores: one
-# after the other they were the side-by-side phase's longest chain (875 s of its 897), and
-# their tests that time a stall run in the exclusive phase.
+# worker), and modules whose private node is costly to boot per worker. The two rigs run side
+# by side, six RabbitMQ nodes on two cores: one after the other they were the side-by-side
+# phase's longest chain (875 s of its 897), and their tests that time a stall run in the
+# exclusive phase.
 XDIST_GROUPS = {
     "tests/cluster/": "cluster-rig",
     "tests/partitions/": "namespace-rig",

@@ -13,6 +13,7 @@ valid credit annotation with a 1,000-character reason is larger than that.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def small_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNod
     if not available():
         pytest.skip("rabbitmq-server is not installed here: no throwaway node")
     node = RabbitNode(
-        "brpoison",
+        f"brpoison{uuid.uuid4().hex[:8]}",  # a name of its own: another pytest may run one
         Path(tmp_path_factory.mktemp("rabbit")),
         config=f"max_message_size = {MAX_MESSAGE_SIZE}\n",
     )

@@ -21,6 +21,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,7 +117,8 @@ ssl_options.keyfile = {pki.server_key}
 ssl_options.verify = verify_none
 ssl_options.fail_if_no_peer_cert = false
 """
-    node = RabbitNode("brtls", base_dir, config=config, listen_plain=False)
+    # a name of its own: two pytest processes (a mutant's and the baseline's) may each run one
+    node = RabbitNode(f"brtls{uuid.uuid4().hex[:8]}", base_dir, config=config, listen_plain=False)
     return TlsRabbit(node, tls_port)
 
 

@@ -119,7 +119,8 @@ test-compose: $(STAMP)
 	@bash tests/compose/run.sh
 
 # Every mutant in tests/mutants/mutants.py, each on a scratch copy against its promise's tests,
-# after checking those tests pass unmutated. Ends with "mutants: N killed, 0 survived".
+# and those tests unmutated (the baseline, in the same lanes). Ends with "mutants: N killed,
+# 0 survived".
 # MUTANT_JOBS side by side (their tests mostly wait on the services): the rigs' mutants one at a
 # time on one lane, the slow ones first, those with a test marked exclusive after the others
 # (tests/mutants/run.py).

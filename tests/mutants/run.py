@@ -1,7 +1,7 @@
 """Run the mutants of tests/mutants/mutants.py: each on a scratch copy, only its own tests.
 
     python -m tests.mutants.run                 # every mutant (`make mutants`)
-    python -m tests.mutants.run --baseline      # first check the named tests pass unmutated
+    python -m tests.mutants.run --baseline      # also check the named tests pass unmutated
     python -m tests.mutants.run --subset 2      # two fast mutants, a different pair each day
     python -m tests.mutants.run --only NAME ... # these mutants
     python -m tests.mutants.run --list          # names, promises and tests
@@ -27,8 +27,12 @@ the other on one lane, beside the shared ones on the others, as ``make test`` ru
 (two rigs at once would be six RabbitMQ nodes on two cores); the shared ones start slow first
 (``fast`` last, to fill the end). The mutants with a named test marked exclusive run after all
 of those: such a test holds back every new test while it waits for the running ones, and a
-rig's test runs for minutes. ``--baseline`` runs the named tests as ``make test`` does: side
-by side on ``--jobs`` workers, then the exclusive ones alone.
+rig's test runs for minutes. ``--baseline`` with ``--jobs`` runs the named tests unmutated in
+the same lanes, as parts of their own (the rigs' tests, those marked exclusive, and the rest
+by :data:`BASELINE_CHUNK`), so that their waits overlap the mutants' work: a part that fails
+makes the run an error (exit 2), whatever the mutants did. Alone (one job, or ``--each``),
+the baseline runs first, as ``make test`` does: side by side on ``--jobs`` workers, then the
+exclusive tests alone.
 """
 
 from __future__ import annotations
@@ -263,16 +267,15 @@ def exclusive(mutant: Mutant) -> bool:
     return any(test.startswith(EXCLUSIVE) for test in mutant.tests)
 
 
-def marked_exclusive(chosen: Sequence[Mutant]) -> frozenset[str]:
-    """The mutants with a named test marked ``exclusive`` (it waits for every other test of the
-    shared services to end, and holds back every new one meanwhile), found by collecting the
-    named tests once."""
-    tests = sorted({t for m in chosen if not exclusive(m) for t in m.tests})
-    if not tests:
+def marked_exclusive_tests(tests: Iterable[str]) -> frozenset[str]:
+    """The test ids among ``tests`` marked ``exclusive`` (by themselves or their module),
+    found by collecting them once."""
+    named = sorted(set(tests))
+    if not named:
         return frozenset()
     command = [python(), "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider"]
     out = subprocess.run(
-        [*command, "-m", "exclusive", *tests],
+        [*command, "-m", "exclusive", *named],
         cwd=REPO,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
         capture_output=True,
@@ -281,13 +284,43 @@ def marked_exclusive(chosen: Sequence[Mutant]) -> frozenset[str]:
     )
     if out.returncode not in (0, NO_TESTS_COLLECTED):
         raise SystemExit(f"collecting the named tests failed:\n{out.stdout[-3000:]}")
-    ids = [line for line in out.stdout.splitlines() if "::" in line]
-    return frozenset(
-        m.name
-        for m in chosen
-        if not exclusive(m)
-        and any(i == t or i.startswith((t + "[", t + "::")) for t in m.tests for i in ids)
-    )
+    return frozenset(line for line in out.stdout.splitlines() if "::" in line)
+
+
+def _names(test: str, ids: frozenset[str]) -> bool:
+    """Whether the named ``test`` (a module, a function or one parametrized case) covers one
+    of the collected ``ids``."""
+    return any(i == test or i.startswith((test + "[", test + "::")) for i in ids)
+
+
+def marked_exclusive(chosen: Sequence[Mutant]) -> frozenset[str]:
+    """The mutants with a named test marked ``exclusive`` (it waits for every other test of the
+    shared services to end, and holds back every new one meanwhile)."""
+    ids = marked_exclusive_tests(t for m in chosen for t in m.tests)
+    return frozenset(m.name for m in chosen if any(_names(t, ids) for t in m.tests))
+
+
+BASELINE_CHUNK = 20  # named tests a baseline part runs, one after the other
+
+
+def baseline_parts(chosen: Sequence[Mutant], locking_ids: frozenset[str]) -> list[Mutant]:
+    """Every named test, unmutated, as parts that run in the lanes with the mutants: the rigs'
+    tests in one part, the tests marked exclusive in one, the rest in parts of
+    :data:`BASELINE_CHUNK`. Each is a Mutant with an empty path: nothing is changed."""
+    tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
+    locking = [t for t in tests if _names(t, locking_ids)]
+    rigs = [t for t in tests if t.startswith(EXCLUSIVE) and t not in locking]
+    rest = [t for t in tests if t not in locking and t not in rigs]
+    groups = [("rigs", rigs), ("exclusive", locking)]
+    groups += [
+        (str(k // BASELINE_CHUNK + 1), rest[k : k + BASELINE_CHUNK])
+        for k in range(0, len(rest), BASELINE_CHUNK)
+    ]
+    return [
+        Mutant(f"baseline-{name}", "", "", "", "the named tests pass unmutated", tuple(part))
+        for name, part in groups
+        if part
+    ]
 
 
 def run_all(
@@ -297,16 +330,20 @@ def run_all(
 
     With ``jobs`` > 1: the rig mutants one after the other on one lane, beside the shared ones
     on the other lanes (as make test runs the rigs beside the other tests), the slow shared
-    ones first; then the ``locking`` ones (a named test marked exclusive, which holds back
-    every other test while it waits and runs), so that none waits for a rig's test."""
+    ones first; then, laid out the same way, the ``locking`` ones (a named test marked
+    exclusive, which holds back every other test while it waits and runs), so that none of
+    them waits for a test of the first part (a rig's runs for minutes)."""
     printing = threading.Lock()
 
     def one(mutant: Mutant) -> Outcome:
-        outcome = run_mutant(mutant, logs)
+        unmutated = not mutant.path  # a part of the baseline
+        outcome = run_mutant(mutant, logs, baseline=unmutated)
+        status = outcome.status
+        if unmutated:
+            status = "passed" if status == "survived" else "FAILED"
         with printing:
             print(
-                f"{outcome.status:8} {mutant.name} ({outcome.seconds:.0f} s): {outcome.detail}",
-                flush=True,
+                f"{status:8} {mutant.name} ({outcome.seconds:.0f} s): {outcome.detail}", flush=True
             )
         return outcome
 
@@ -315,30 +352,33 @@ def run_all(
         for mutant in chosen:
             found[mutant.name] = one(mutant)
         return [found[m.name] for m in chosen]
-    rigs = [m for m in chosen if exclusive(m)]
-    last = [m for m in chosen if m.name in locking and m not in rigs]
-    shared = [m for m in chosen if m not in rigs and m not in last]
-    shared.sort(key=lambda m: m.fast)  # stable: the slow ones first, in the chosen order
-    waiting: queue.SimpleQueue[Mutant] = queue.SimpleQueue()
-    for mutant in shared:
-        waiting.put(mutant)
 
-    def lane(first: Sequence[Mutant]) -> None:
-        for mutant in first:
-            found[mutant.name] = one(mutant)
-        while True:
-            try:
-                mutant = waiting.get_nowait()
-            except queue.Empty:
-                return
-            found[mutant.name] = one(mutant)
+    def in_lanes(mutants: Sequence[Mutant]) -> None:
+        """The rig mutants one after the other on the first lane, the rest on every lane as it
+        comes free, the slow ones first."""
+        rigs = [m for m in mutants if exclusive(m)]
+        others = sorted((m for m in mutants if not exclusive(m)), key=lambda m: m.fast)
+        waiting: queue.SimpleQueue[Mutant] = queue.SimpleQueue()
+        for mutant in others:
+            waiting.put(mutant)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        lanes = [pool.submit(lane, rigs)] + [pool.submit(lane, ()) for _ in range(jobs - 1)]
-        for done in lanes:
-            done.result()
-        for outcome in pool.map(one, last):
-            found[outcome.mutant.name] = outcome
+        def lane(first: Sequence[Mutant]) -> None:
+            for mutant in first:
+                found[mutant.name] = one(mutant)
+            while True:
+                try:
+                    mutant = waiting.get_nowait()
+                except queue.Empty:
+                    return
+                found[mutant.name] = one(mutant)
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            lanes = [pool.submit(lane, rigs)] + [pool.submit(lane, ()) for _ in range(jobs - 1)]
+            for done in lanes:
+                done.result()
+
+    in_lanes([m for m in chosen if m.name not in locking])
+    in_lanes([m for m in chosen if m.name in locking])
     return [found[m.name] for m in chosen]
 
 
@@ -376,6 +416,23 @@ def select(args: argparse.Namespace) -> list[Mutant]:
     return list(MUTANTS)
 
 
+def with_baseline(
+    chosen: Sequence[Mutant], logs: Path, jobs: int, baseline: bool
+) -> tuple[list[Outcome], list[Outcome]]:
+    """The baseline's parts (with ``baseline`` and ``jobs`` > 1) and the mutants, run in the
+    same lanes (:func:`run_all`): their outcomes, apart."""
+    parts: list[Mutant] = []
+    locking: frozenset[str] = frozenset()
+    if jobs > 1:
+        ids = marked_exclusive_tests(t for m in chosen for t in m.tests)
+        locking = frozenset(m.name for m in chosen if any(_names(t, ids) for t in m.tests))
+        if baseline:
+            parts = baseline_parts(chosen, ids)
+            locking |= {p.name for p in parts if p.name == "baseline-exclusive"}
+    everything = run_all([*parts, *chosen], logs, jobs, locking)
+    return everything[: len(parts)], everything[len(parts) :]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--only", nargs="+", metavar="NAME")
@@ -405,19 +462,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = args.logs or Path(tempfile.mkdtemp(prefix="mutant-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    if args.baseline:
-        tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
-        base = Mutant("unmutated", "", "", "", "", tuple(tests))
-        outcome = run_mutant(base, logs, baseline=True, jobs=args.jobs)
-        print(f"baseline: {len(tests)} named tests, {outcome.seconds:.0f} s", flush=True)
+    if args.baseline and (args.each or args.jobs <= 1):  # first, on its own
+        named = list(dict.fromkeys(t for m in chosen for t in m.tests))
+        unmutated = Mutant("unmutated", "", "", "", "", tuple(named))
+        outcome = run_mutant(unmutated, logs, baseline=True, jobs=args.jobs)
+        print(f"baseline: {len(named)} named tests, {outcome.seconds:.0f} s", flush=True)
         if outcome.status != "survived":  # unmutated, every named test must pass
             print(f"error: the named tests fail without any mutant: {outcome.detail}")
             print("mutants: 0 killed, 0 survived (baseline failed)")
             return 2
     if args.each:
         return each_test(chosen, logs)
-    locking = marked_exclusive(chosen) if args.jobs > 1 else frozenset()
-    outcomes = run_all(chosen, logs, args.jobs, locking)
+    base, outcomes = with_baseline(chosen, logs, args.jobs, args.baseline)
+    failed = [o for o in base if o.status != "survived"]
+    if base:
+        count = sum(len(o.mutant.tests) for o in base)
+        print(f"baseline: {count} named tests in {len(base)} parts, {len(failed)} failed")
+    if failed:
+        for o in failed:
+            print(f"error: the named tests fail without any mutant: {o.detail}")
+        print(f"total {time.monotonic() - started:.0f} s; logs in {logs}", flush=True)
+        print("mutants: 0 killed, 0 survived (baseline failed)")
+        return 2
     killed = sum(o.status == "killed" for o in outcomes)
     survived = sum(o.status == "survived" for o in outcomes)
     errors = sum(o.status == "error" for o in outcomes)

@@ -82,18 +82,19 @@ def test_side_by_side_the_rigs_take_one_lane_and_the_locking_ones_come_last(
     started: list[str] = []
     a_shared_one_started = threading.Event()
     lock = threading.Lock()
-    rigs = {"fault", "ports"}
+    rigs = {"fault", "ports", "rigtimed"}
+    locking = {"timed", "rigtimed"}
 
-    def fake(mutant: Mutant, logs: Path) -> run.Outcome:
+    def fake(mutant: Mutant, logs: Path, baseline: bool = False) -> run.Outcome:
         with lock:
             beside.setdefault(mutant.name, set()).update(running)
             for other in running:
                 beside.setdefault(other, set()).add(mutant.name)
             running.add(mutant.name)
             started.append(mutant.name)
-        if mutant.name in rigs:  # broken (a failure) unless a shared one runs meanwhile
+        if mutant.name in rigs - locking:  # a failure unless a shared one runs meanwhile
             assert a_shared_one_started.wait(timeout=30)
-        elif mutant.name != "timed":
+        elif mutant.name not in locking:
             a_shared_one_started.set()
         with lock:
             running.discard(mutant.name)
@@ -108,15 +109,17 @@ def test_side_by_side_the_rigs_take_one_lane_and_the_locking_ones_come_last(
         "b": ("tests/integration/test_z.py::test_d",),
         "ports": ("tests/partitions/test_e.py::test_e",),
         "c": ("tests/faults/test_w.py::test_f",),
+        "rigtimed": ("tests/cluster/test_v.py::test_g",),
     }
     chosen = [Mutant(n, "p", "o", "n", "promise", t, fast=n == "quick") for n, t in tests.items()]
-    outcomes = run.run_all(chosen, tmp_path, jobs=3, locking=frozenset({"timed"}))
+    outcomes = run.run_all(chosen, tmp_path, jobs=3, locking=frozenset(locking))
     assert [o.mutant.name for o in outcomes] == list(tests)  # in the chosen order
     assert "ports" not in beside["fault"]
     assert "fault" not in beside["ports"]
     assert beside["fault"] & {"quick", "a", "b", "c"}  # a rig beside the shared ones
-    assert beside["timed"] == set()
-    assert started[-1] == "timed"
+    assert beside["timed"] <= {"rigtimed"}  # the locking ones after every other
+    assert beside["rigtimed"] <= {"timed"}
+    assert set(started[-2:]) == locking
     shared_order = [n for n in started if n in {"quick", "a", "b", "c"}]
     assert shared_order[-1] == "quick", shared_order  # the fast one last
     assert {n for n in tests if run.exclusive(chosen[list(tests).index(n)])} == rigs
@@ -127,7 +130,7 @@ def test_one_job_runs_every_mutant_in_the_chosen_order(
 ) -> None:
     started: list[str] = []
 
-    def fake(mutant: Mutant, logs: Path) -> run.Outcome:
+    def fake(mutant: Mutant, logs: Path, baseline: bool = False) -> run.Outcome:
         started.append(mutant.name)
         return run.Outcome(mutant, "killed", 0.05, "")
 
@@ -207,3 +210,64 @@ def test_a_mutant_run_asks_hypothesis_not_to_shrink(tmp_path: Path) -> None:
             check=True,
         ).stdout.strip()
         assert out == shrinks, (value, out)
+
+
+def test_the_baseline_parts_hold_every_named_test_once() -> None:
+    """Rigs' tests in one part, the tests marked exclusive in one, the rest in parts of
+    BASELINE_CHUNK; nothing mutated (an empty path)."""
+    rest = [f"tests/unit/test_a.py::test_{k}" for k in range(run.BASELINE_CHUNK * 2 + 1)]
+    chosen = [
+        Mutant("m1", "p", "o", "n", "promise", (rest[0], "tests/cluster/test_c.py::test_c")),
+        Mutant("m2", "p", "o", "n", "promise", (*rest, "tests/faults/test_t.py::test_t")),
+        Mutant("m3", "p", "o", "n", "promise", ("tests/cluster/test_x.py::test_x",)),
+    ]
+    marked = frozenset({"tests/faults/test_t.py::test_t[1]", "tests/cluster/test_x.py::test_x"})
+    parts = run.baseline_parts(chosen, marked)
+    by_name = {p.name: p.tests for p in parts}
+    assert by_name["baseline-rigs"] == ("tests/cluster/test_c.py::test_c",)
+    assert by_name["baseline-exclusive"] == (
+        "tests/faults/test_t.py::test_t",
+        "tests/cluster/test_x.py::test_x",
+    )
+    chunks = [len(by_name[f"baseline-{k}"]) for k in (1, 2, 3)]
+    assert chunks == [run.BASELINE_CHUNK, run.BASELINE_CHUNK, 1]
+    every = [t for p in parts for t in p.tests]
+    assert sorted(every) == sorted({t for m in chosen for t in m.tests})
+    assert all(p.path == "" for p in parts)
+    assert run.exclusive(parts[[p.name for p in parts].index("baseline-exclusive")])
+
+
+@pytest.mark.parametrize("part_fails", [False, True])
+def test_a_failing_baseline_part_fails_the_run_whatever_the_mutants(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    part_fails: bool,
+) -> None:
+    """The baseline's parts run in the lanes with the mutants; a part whose tests fail makes
+    the run an error (exit 2), since a kill then proves nothing."""
+    chosen = [
+        Mutant(f"m{k}", "p", "o", "n", "promise", (f"tests/unit/t.py::t{k}",)) for k in (1, 2)
+    ]
+    ran: list[tuple[str, bool]] = []
+
+    def fake(mutant: Mutant, logs: Path, baseline: bool = False) -> run.Outcome:
+        ran.append((mutant.name, baseline))
+        failed = baseline and part_fails
+        status = "killed" if not baseline or failed else "survived"
+        return run.Outcome(mutant, status, 0.01, "tests/unit/t.py::t1" if failed else "")
+
+    monkeypatch.setattr(run, "run_mutant", fake)
+    monkeypatch.setattr(run, "marked_exclusive_tests", lambda tests: frozenset())
+    monkeypatch.setattr(run, "MUTANTS", chosen)
+    monkeypatch.setattr(run, "check_snippets", lambda chosen: [])
+    code = run.main(["--baseline", "--jobs", "2", "--logs", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert ("baseline-1", True) in ran
+    assert {("m1", False), ("m2", False)} <= set(ran)
+    if part_fails:
+        assert code == 2
+        assert out.splitlines()[-1] == "mutants: 0 killed, 0 survived (baseline failed)"
+    else:
+        assert code == 0
+        assert out.splitlines()[-1] == "mutants: 2 killed, 0 survived"

@@ -535,7 +535,8 @@ async def wait_resumed(
     lower than the one before, the last half a second's drain (at its rate in the window
     before) below the highest it showed since the kill. A follower may still apply a few
     entries committed before the kill (one drop, then nothing), and the deliveries its lost
-    consumers held come back to it first (a rise). None if not within ``limit`` s."""
+    consumers held come back to it first (a rise). A shard whose rest (at least a step) goes
+    within one probe, to 0, drains again at the sample before. None if not within ``limit`` s."""
     rate = timeline.rate([shard], killed_at - window, killed_at)
     step = max(20.0, 0.5 * rate) if rate == rate else 20.0
     highest = -1
@@ -550,6 +551,8 @@ async def wait_resumed(
             run = [*run, (t, count)] if run and count < run[-1][1] else [(t, count)]
             if len(run) >= 3 and count <= highest - step:
                 return run[-3][0]
+            if count == 0 and len(run) >= 2 and run[-2][1] >= step:
+                return run[-2][0]  # what was left went within one probe
             highest = max(highest, count)
         await asyncio.sleep(PROBE_S / 2)
     return None

@@ -99,7 +99,7 @@ test: system-tools node-clients lint
 ifeq ($(RANDOM_SEED),)
 RANDOM_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
-RANDOMLY = -o addopts=--strict-markers -p randomly --randomly-seed=$(RANDOM_SEED)
+RANDOMLY = -o addopts=--strict-markers -p no:schemathesis -p randomly --randomly-seed=$(RANDOM_SEED)
 test-random: system-tools node-clients lint
 	@echo "test-random: RANDOM_SEED=$(RANDOM_SEED)"
 	$(PYTEST) $(RANDOMLY) $(SIDE_BY_SIDE)

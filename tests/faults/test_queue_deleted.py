@@ -90,6 +90,25 @@ async def _start(recorders: RecorderPool, settings: Settings) -> RecorderProcess
     return proc
 
 
+async def _declared_again_and_consumed(
+    proc: RecorderProcess, url: str, queue: str, port: int, timeout: float = 30
+) -> None:
+    """Wait until ``queue`` exists again with one consumer attached; else fail with what was
+    seen (before either fix: the queue missing for ever, /readyz still 200)."""
+
+    async def declared_and_attached() -> bool:
+        assert proc.running, proc.log_text()[-2000:]
+        state = await _queue_state(url, queue)
+        return state is not None and state[1] == 1
+
+    try:
+        await wait_for(declared_and_attached, timeout=timeout)
+    except AssertionError:
+        state = await _queue_state(url, queue)
+        status, body = await http_get(port, "/readyz")
+        raise AssertionError(f"queue {state or 'missing'}, /readyz {status} {body}") from None
+
+
 async def _recorded(conn: asyncpg.Connection, ids: set[str]) -> bool:
     return ids <= (await table_ids(conn))["credit_annotation"]
 
@@ -186,18 +205,7 @@ async def test_the_recorder_declares_its_deleted_queue_again_with_the_contract_a
 
     await broker.channel.queue_delete(topo.queue)
 
-    async def declared_and_attached() -> bool:
-        assert proc.running, proc.log_text()[-2000:]
-        state = await _queue_state(services.rabbitmq_url, topo.queue)
-        return state is not None and state[1] == 1
-
-    try:
-        await wait_for(declared_and_attached, timeout=30)
-    except AssertionError:
-        # before the fix: "queue missing" for ever, /readyz still 200
-        state = await _queue_state(services.rabbitmq_url, topo.queue)
-        status, _ = await http_get(port, "/readyz")
-        raise AssertionError(f"queue {state or 'missing'}, /readyz {status}") from None
+    await _declared_again_and_consumed(proc, services.rabbitmq_url, topo.queue, port)
     # the same arguments as the contract's (another set would fail this declare)
     await _declare_with_the_contract_arguments(services.rabbitmq_url, topo)
     messages = _valid(92, 5)
@@ -232,18 +240,7 @@ async def test_a_deleted_queue_whose_cancel_is_lost_is_declared_again_at_the_nex
     await broker.channel.queue_delete(topo.queue)
     await wait_for(lambda: cancel_drop.dropped == 1, timeout=15)  # the notice, lost
 
-    async def declared_and_attached() -> bool:
-        assert proc.running, proc.log_text()[-2000:]
-        state = await _queue_state(services.rabbitmq_url, topo.queue)
-        return state is not None and state[1] == 1
-
-    try:
-        await wait_for(declared_and_attached, timeout=30)  # the look every 5 s, with room
-    except AssertionError:
-        # before the fix: the queue missing for ever, the recorder waiting on its consumer
-        state = await _queue_state(services.rabbitmq_url, topo.queue)
-        status, body = await http_get(port, "/readyz")
-        raise AssertionError(f"queue {state or 'missing'}, /readyz {status} {body}") from None
+    await _declared_again_and_consumed(proc, services.rabbitmq_url, topo.queue, port)  # 5 s looks
     messages = _valid(95, 5)
     await broker.publish_many(messages)
     conn = await db()

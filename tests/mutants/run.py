@@ -296,7 +296,11 @@ def _names(test: str, ids: frozenset[str]) -> bool:
 def marked_exclusive(chosen: Sequence[Mutant]) -> frozenset[str]:
     """The mutants with a named test marked ``exclusive`` (it waits for every other test of the
     shared services to end, and holds back every new one meanwhile)."""
-    ids = marked_exclusive_tests(t for m in chosen for t in m.tests)
+    return _locking(chosen, marked_exclusive_tests(t for m in chosen for t in m.tests))
+
+
+def _locking(chosen: Sequence[Mutant], ids: frozenset[str]) -> frozenset[str]:
+    """The mutants with a named test among the collected exclusive ``ids``."""
     return frozenset(m.name for m in chosen if any(_names(t, ids) for t in m.tests))
 
 
@@ -425,7 +429,7 @@ def with_baseline(
     locking: frozenset[str] = frozenset()
     if jobs > 1:
         ids = marked_exclusive_tests(t for m in chosen for t in m.tests)
-        locking = frozenset(m.name for m in chosen if any(_names(t, ids) for t in m.tests))
+        locking = _locking(chosen, ids)
         if baseline:
             parts = baseline_parts(chosen, ids)
             locking |= {p.name for p in parts if p.name == "baseline-exclusive"}

@@ -18,6 +18,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,6 +154,17 @@ def _dead_pid() -> int:
     return pid
 
 
+def _wait_inside(ns: str, process: subprocess.Popen[bytes], within: float = 10.0) -> None:
+    """Wait until ``process`` has entered ``ns``: ``ip netns exec`` opens the namespace, enters
+    it, then runs the command, so a sweep just after Popen can find the namespace empty, delete
+    it, and leave the command to run its whole time in the namespace it still holds open."""
+    deadline = time.monotonic() + within
+    while process.pid not in netns.pids_in(ns):
+        assert process.poll() is None, f"ip netns exec {ns} ended with {process.returncode}"
+        assert time.monotonic() < deadline, f"pid {process.pid} not inside {ns} after {within} s"
+        time.sleep(0.02)
+
+
 def test_a_dead_runs_namespaces_are_swept_and_a_run_leaves_nothing(tmp_path: Path) -> None:
     lacking = netns.missing()
     if "root" in lacking:
@@ -161,6 +173,7 @@ def test_a_dead_runs_namespaces_are_swept_and_a_run_leaves_nothing(tmp_path: Pat
     subprocess.run(["ip", "netns", "add", stale], check=True)
     sleeper = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "600"])
     try:
+        _wait_inside(stale, sleeper)
         with Net(["a", "b"]) as net:  # start() sweeps
             assert stale not in os.listdir(netns.NETNS_DIR)
             assert sleeper.wait(timeout=10) == -9
@@ -169,6 +182,7 @@ def test_a_dead_runs_namespaces_are_swept_and_a_run_leaves_nothing(tmp_path: Pat
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
+            sleeper.wait(timeout=10)  # reaped here, not by a later test's garbage collection
         if os.path.exists(netns.NETNS_DIR / stale):
             subprocess.run(["ip", "netns", "delete", stale], check=False)
 

@@ -153,7 +153,7 @@ def _namespaces() -> list[str]:
     return sorted(p.name for p in NETNS_DIR.iterdir()) if NETNS_DIR.exists() else []
 
 
-def _pids_in(ns: str) -> list[int]:
+def pids_in(ns: str) -> list[int]:
     with contextlib.suppress(RuntimeError):
         return [int(p) for p in _run(["ip", "netns", "pids", ns], "ip netns pids").split()]
     return []
@@ -163,7 +163,7 @@ def _remove(namespaces: Iterable[str]) -> None:
     """SIGKILL every process inside, then delete the namespaces (their links go with them)."""
     namespaces = list(namespaces)
     for _ in range(50):
-        pids = {pid for ns in namespaces for pid in _pids_in(ns)}
+        pids = {pid for ns in namespaces for pid in pids_in(ns)}
         if not pids:
             break
         for pid in pids:

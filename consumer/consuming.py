@@ -240,6 +240,10 @@ class Consuming:
             queue = self._cancelled(str(frame.consumer_tag))
             if queue is None:
                 return  # a leftover shard deleted (drained and pruned): nothing to declare
+            log.warning(
+                "the broker cancelled our consumer of %s (queue deleted?): declaring it again",
+                queue,
+            )
             shard_gone(queue)
 
         self._on_cancel = on_cancel
@@ -261,10 +265,8 @@ class Consuming:
                 each.on_consumer_cancel_callbacks.discard(on_cancel)
             for fut in (closed, stopped):
                 fut.cancel()
-        if not cancelled.done() or stop.is_set():
-            return False
-        log.warning("the broker cancelled our consumer (queue deleted?): declaring it again")
-        return True
+        # the cancel, or the queue watch finding the queue gone, said so as it came
+        return cancelled.done() and not stop.is_set()
 
     def _cancelled(self, tag: str) -> str | None:
         """The broker cancelled consumer ``tag``: its queue, if it must be declared again (a

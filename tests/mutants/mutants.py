@@ -3730,6 +3730,19 @@ MUTANTS: tuple[Mutant, ...] = (
         promise=SHARDS,
         tests=(T_SHARDS + "test_a_deleted_shard_is_declared_again_and_consumed_again",),
     ),
+    # Issue 40: a scratch copy reuses the repository's bytecode.
+    Mutant(
+        name="scratch-copy-leaves-the-bytecode-behind",
+        path="tests/mutants/run.py",
+        old="        if cache.is_dir():\n",
+        new="        if False:\n",
+        promise=START_COST,
+        tests=(
+            "tests/unit/test_mutants.py::"
+            "test_a_scratch_copy_reuses_the_bytecode_of_what_it_copies_and_runs_the_mutated_file",
+        ),
+        fast=True,
+    ),
     # Issue 40: what starting a command loads and runs beyond what it needs.
     Mutant(
         name="tracing-loads-opentelemetry-at-import",

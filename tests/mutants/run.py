@@ -145,6 +145,11 @@ def tracked_files(root: Path = REPO) -> list[Path]:
 
 
 def scratch_copy(destination: Path, root: Path = REPO) -> None:
+    """The tracked files, and the bytecode the repository holds for them (``__pycache__``,
+    written by :func:`marked_exclusive_tests`' collection): with the sources' times kept
+    (copy2), Python and pytest's assertion rewriting take it as current, so a mutant's pytest
+    compiles only what changed instead of every module it imports."""
+    folders: set[Path] = set()
     for relative in tracked_files(root):
         source = root / relative
         if not source.is_file():  # deleted in the working tree
@@ -152,6 +157,22 @@ def scratch_copy(destination: Path, root: Path = REPO) -> None:
         target = destination / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)
+        if relative.suffix == ".py":
+            folders.add(relative.parent)
+    for folder in folders:
+        cache = root / folder / "__pycache__"
+        if cache.is_dir():
+            shutil.copytree(cache, destination / folder / "__pycache__", dirs_exist_ok=True)
+
+
+def prepare(scratch: Path, mutant: Mutant | None, root: Path = REPO) -> None:
+    """The scratch copy of ``root`` with ``mutant`` applied (None: unmutated). The mutated
+    file's copied bytecode is stale from then on (written now, its time is not the source's:
+    Python compiles it again; pytest's rewriting checks a hash of the source)."""
+    scratch_copy(scratch, root)
+    if mutant is not None:
+        path = scratch / mutant.path
+        path.write_text(mutate(path.read_text(), mutant))
 
 
 def python() -> str:
@@ -242,10 +263,7 @@ def run_mutant(
 ) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
         scratch = Path(tmp)
-        scratch_copy(scratch)
-        if not baseline:
-            path = scratch / mutant.path
-            path.write_text(mutate(path.read_text(), mutant))
+        prepare(scratch, None if baseline else mutant)
         assert_imports_from(scratch)
         suffix = f"-{len(list(logs.glob(mutant.name + '*')))}" if tests else ""
         log = logs / f"{'baseline-' if baseline else ''}{mutant.name}{suffix}.log"
@@ -267,9 +285,17 @@ def exclusive(mutant: Mutant) -> bool:
     return any(test.startswith(EXCLUSIVE) for test in mutant.tests)
 
 
+def writing_bytecode() -> dict[str, str]:
+    """This environment with bytecode written (``PYTHONDONTWRITEBYTECODE`` unset)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def marked_exclusive_tests(tests: Iterable[str]) -> frozenset[str]:
     """The test ids among ``tests`` marked ``exclusive`` (by themselves or their module),
-    found by collecting them once."""
+    found by collecting them once. The collection writes the bytecode of every module the
+    tests import into the repository's ``__pycache__`` folders (git ignores them), for
+    :func:`scratch_copy` to reuse: a mutant's pytest then starts in about 0.9 CPU-s instead of
+    2 (tests/unit/test_mutants.py)."""
     named = sorted(set(tests))
     if not named:
         return frozenset()
@@ -277,7 +303,7 @@ def marked_exclusive_tests(tests: Iterable[str]) -> frozenset[str]:
     out = subprocess.run(
         [*command, "-m", "exclusive", *named],
         cwd=REPO,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        env=writing_bytecode(),
         capture_output=True,
         text=True,
         check=False,

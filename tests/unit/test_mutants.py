@@ -7,6 +7,7 @@ one of them no longer applies, instead of `make mutants` discovering it later.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,40 @@ def test_a_failing_baseline_part_fails_the_run_whatever_the_mutants(
     else:
         assert code == 0
         assert out.splitlines()[-1] == "mutants: 2 killed, 0 survived"
+
+
+def test_a_scratch_copy_reuses_the_bytecode_of_what_it_copies_and_runs_the_mutated_file(
+    tmp_path: Path,
+) -> None:
+    """The bytecode copied with the sources is current in the copy (the times kept): Python
+    loads it instead of compiling; the mutated file is compiled again, the mutant's code."""
+    import py_compile
+
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    for name in ("__init__", "kept", "mutated"):
+        (root / "pkg" / f"{name}.py").write_text(f"NAME = {name!r}\n")
+        os.utime(root / "pkg" / f"{name}.py", (1_700_000_000, 1_700_000_000))  # a checkout's
+        py_compile.compile(str(root / "pkg" / f"{name}.py"), doraise=True)
+    scratch = tmp_path / "scratch"
+    mutant = Mutant("m", "pkg/mutated.py", "'mutated'", "'MUTATED'", "", ("t",))  # same size
+    run.prepare(scratch, mutant, root)
+    loaded = subprocess.run(
+        [sys.executable, "-v", "-c", "import pkg.kept, pkg.mutated; print(pkg.mutated.NAME)"],
+        cwd=scratch,
+        env={"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert loaded.stdout.strip() == "MUTATED"
+    cached = scratch / "pkg" / "__pycache__"
+    assert f"code object from '{cached}/kept." in loaded.stderr, loaded.stderr[-2000:]
+    assert f"code object from '{cached}/mutated." not in loaded.stderr
+
+
+def test_the_collection_that_finds_the_locking_tests_writes_bytecode() -> None:
+    """However this shell is set (PYTHONDONTWRITEBYTECODE=1 here), the one collection before
+    the lanes writes the bytecode the scratch copies reuse."""
+    assert "PYTHONDONTWRITEBYTECODE" not in run.writing_bytecode()
+    assert run.child_env(REPO)["PYTHONDONTWRITEBYTECODE"] == "1"  # scratch copies: not theirs

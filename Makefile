@@ -6,6 +6,11 @@ RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 UV := $(BIN)/uv
 
+# Python writes the bytecode of what it imports (__pycache__, ignored by git) whatever the shell
+# says: with PYTHONDONTWRITEBYTECODE=1 (set on these machines) every process compiled the
+# project and the tests again, every pytest worker, role and mutant (tests/unit/test_start_cost.py).
+export PYTHONDONTWRITEBYTECODE :=
+
 .PHONY: release install system-tools node-clients lock lint rules test test-random test-image test-compose test-unit mutants demo demo-api run bench soak soak-cluster soak-partitions clean
 
 install: $(STAMP)
@@ -17,11 +22,13 @@ install: $(STAMP)
 # (benchmarks/bench_demo.py measures both). The project's install compiles the record rules
 # (setup.py's COMPILED, with mypyc; BULK_RECORDER_COMPILE=0 skips it): an edit to one of them
 # builds them again here, since the compiled module, not the edited source, is what Python imports.
+# uv compiles the dependencies' bytecode as pip does (it does not by default): each role then
+# starts without compiling aio-pika, asyncpg or pydantic.
 COMPILED := setup.py $(shell sed -n 's/^    "\(bulk_recorder\/.*\.py\)",$$/\1/p' setup.py)
 $(RUNTIME): pyproject.toml requirements.lock requirements-uv.lock $(COMPILED)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --require-hashes -r requirements-uv.lock
-	$(UV) pip install --quiet --python $(BIN)/python --require-hashes -r requirements.lock
+	$(UV) pip install --quiet --python $(BIN)/python --compile-bytecode --require-hashes -r requirements.lock
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps -e .
 	touch $(RUNTIME)
 

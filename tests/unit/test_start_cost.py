@@ -10,9 +10,12 @@ describe the build, which runs ``git`` twice in a checkout.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +120,43 @@ def test_the_suite_does_not_load_the_schemathesis_plugin(pytestconfig: pytest.Co
     runs one test) though no test uses it: the fuzz run is its CLI, the schema test its
     strategies. ``make mutants`` starts pytest over 300 times."""
     assert not pytestconfig.pluginmanager.has_plugin("schemathesis")
+
+
+@pytest.mark.parametrize("setting", ["1", ""])
+def test_make_runs_python_with_its_bytecode_written_whatever_the_shell_says(setting: str) -> None:
+    """PYTHONDONTWRITEBYTECODE=1 in the shell (these machines set it) made every process of
+    `make test` and `make mutants` compile the project and the tests again: the Makefile's
+    targets write bytecode."""
+    probe = "probe:\n\t@$(BIN)/python -c 'import sys; print(sys.dont_write_bytecode)'\n"
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-s", "-f", "Makefile", "-f", "-", "probe"],
+        cwd=REPO,
+        input=probe,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": setting},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
+@pytest.mark.parametrize(
+    "module", ["aio_pika", "aiormq", "asyncpg", "pydantic", "prometheus_client"]
+)
+def test_the_install_compiled_the_dependencies_the_roles_import(module: str) -> None:
+    """`make install` has uv compile the runtime dependencies' bytecode (uv does not by
+    default): a role's start then compiles none of them (measured: the recorder's imports
+    0.61 CPU-s uncompiled, 0.31 compiled; the API's 0.98 and 0.50). The bytecode dates from the
+    install, not from a process that compiled it since."""
+    installed = REPO / ".venv" / ".runtime"
+    if not installed.exists():
+        pytest.skip("not installed by make install")
+    source = importlib.util.find_spec(module)
+    assert source is not None
+    assert source.origin is not None
+    cached = Path(importlib.util.cache_from_source(source.origin))
+    assert cached.exists(), f"{module}: no bytecode at {cached}"
+    assert cached.stat().st_mtime <= installed.stat().st_mtime, (
+        f"{module}: compiled after the install"
+    )

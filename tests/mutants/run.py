@@ -364,6 +364,7 @@ def run_all(
     exclusive, which holds back every other test while it waits and runs), so that none of
     them waits for a test of the first part (a rig's runs for minutes)."""
     printing = threading.Lock()
+    began = time.monotonic()
 
     def one(mutant: Mutant) -> Outcome:
         unmutated = not mutant.path  # a part of the baseline
@@ -371,9 +372,12 @@ def run_all(
         status = outcome.status
         if unmutated:
             status = "passed" if status == "survived" else "FAILED"
+        ended = time.monotonic() - began  # where the run's time goes, lane by lane
         with printing:
             print(
-                f"{status:8} {mutant.name} ({outcome.seconds:.0f} s): {outcome.detail}", flush=True
+                f"{status:8} {mutant.name} ({outcome.seconds:.0f} s, ended at {ended:.0f} s):"
+                f" {outcome.detail}",
+                flush=True,
             )
         return outcome
 

@@ -185,12 +185,14 @@ async def _cut_and_heal(
         # bench_shards holds them), they would miss their heartbeats (2 s) and lose their
         # connections; their start-up is over before the window (a second after all are ready)
         sent = await fill(cluster, topology, args, args.kill_count)
+        # the quotas before the recorders: started on unlimited nodes, three recorders drained
+        # the quick run's 150,000 records before the cut (soak-partitions SHARDS=3, seed 4142)
+        cluster.limit(True)
         recorders = await start_recorders(hosted, args, topology, database)
         await asyncio.gather(*(r.wait_ready() for r in recorders))
         for r in recorders:
             cluster.add_recorder(r.pid)
-        await where()  # unlimited: two listings on a node at its quota take some 10 s
-        cluster.limit(True)
+        await where()  # at the quota: the two listings take some 10 s, the drain goes on
         victim_shard = choose_victim(cluster, queues, before, consumers[0])
         victim = cluster.cluster.node(before[queues[victim_shard]] or cluster.nodes[-1].node)
         host = hosted.hosts.broker_host(victim.node)

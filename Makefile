@@ -39,11 +39,13 @@ $(STAMP): $(RUNTIME) requirements-dev.lock
 
 # The Debian tools the test suite runs (promtool, prometheus, docker-compose, chromium; ip and
 # nft for the partition rig, tests/partitions; gcc, which the install compiles the record rules
-# with and tests/unit/test_compiled.py requires): installed if missing where we are root, else
+# with and tests/unit/test_compiled.py requires; erl_call, with which the rigs ask their RabbitMQ
+# nodes, from erlang-base, which RabbitMQ needs anyway): installed if missing where we are root, else
 # one line naming them. `make test` runs this before the install.
 system-tools:
 	@bash tests/system_tools.sh 'make test' prometheus=promtool prometheus=prometheus \
-	  docker-compose=docker-compose chromium=chromium nftables=nft iproute2=ip gcc=gcc
+	  docker-compose=docker-compose chromium=chromium nftables=nft iproute2=ip gcc=gcc \
+	  erlang-base=/usr/lib/erlang/bin/erl_call
 
 # The Node publisher of tests/integration/test_other_clients.py (amqplib from the npm registry),
 # installed exactly as tests/clients/node/package-lock.json pins it.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -28,7 +29,7 @@ from tests.cluster.conftest import PgClusterFactory
 from tests.conftest import unique_name, wait_for
 from tests.rigs.postgres_cluster import PgCluster
 from tests.rigs.rabbitmq_cluster import RabbitCluster
-from tests.rigs.rabbitmq_node import RabbitNode
+from tests.rigs.rabbitmq_node import ErlCallError, RabbitNode
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -112,6 +113,83 @@ async def test_quorum_queue_is_replicated_on_every_node(rabbit_cluster: RabbitCl
         await delete_queue(cluster, queue)
 
 
+ITEMS = (
+    "name",
+    "type",
+    "leader",
+    "members",
+    "online",
+    "messages_ready",
+    "messages_unacknowledged",
+    "consumers",
+)
+
+STATUS = ("cluster_status", "--formatter", "json")
+
+
+def _by_name(rows: list[dict[str, object]]) -> dict[object, dict[str, object]]:
+    return {row["name"]: row for row in rows}
+
+
+async def test_a_nodes_answers_over_erl_call_are_rabbitmqctls(
+    rabbit_cluster: RabbitCluster,
+) -> None:
+    """The rigs ask the nodes with erl_call (no Erlang VM booted a question): the queues' rows
+    and the cluster's status must be what rabbitmqctl reports, for a quorum queue with a message
+    ready and a classic one, and for the cluster's running nodes and partitions."""
+    cluster = rabbit_cluster
+    node = cluster.nodes[2]
+    quorum = await declare_quorum_queue(cluster.nodes[0])
+    classic = unique_name("brha.classic")
+    async with channel_on(cluster.nodes[1]) as channel:
+        await channel.declare_queue(classic, auto_delete=False)
+    try:
+        await asyncio.to_thread(cluster.wait_all_online, quorum)
+        await publish(cluster.nodes[0], quorum, [b"one", b"two"])
+
+        async def ready() -> bool:  # a quorum queue's counts are its metrics' last tick
+            rows = _by_name(await asyncio.to_thread(node.queue_rows, "name", "messages_ready"))
+            return rows.get(quorum, {}).get("messages_ready") == 2
+
+        await wait_for(ready, timeout=30)
+        listed = await asyncio.to_thread(
+            node.ctl, "list_queues", "--quiet", "--formatter", "json", *ITEMS
+        )
+        asked = await asyncio.to_thread(node.queue_rows, *ITEMS)
+        ours = {quorum, classic}
+        expected = {k: v for k, v in _by_name(json.loads(listed.stdout)).items() if k in ours}
+        got = {k: v for k, v in _by_name(asked).items() if k in ours}
+        assert set(got) == ours
+        assert got == expected
+        assert got[quorum]["messages_ready"] == 2
+        assert got[quorum]["type"] == "quorum"
+        assert got[classic]["type"] == "classic"
+
+        status = json.loads((await asyncio.to_thread(node.ctl, *STATUS)).stdout)
+        mine = await asyncio.to_thread(node.cluster_status)
+        assert sorted(mine["running_nodes"]) == sorted(status["running_nodes"])
+        assert sorted(mine["running_nodes"]) == sorted(n.node for n in cluster.nodes)
+        assert mine["partitions"] == status["partitions"] == {}
+        assert await asyncio.to_thread(node.booted)
+
+        # a node whose rabbit application is not running answers nothing, as rabbitmqctl
+        # refuses to (its Mnesia, while it boots, would still list it as running)
+        await asyncio.to_thread(node.ctl, "stop_app")
+        try:
+            assert not await asyncio.to_thread(node.booted)
+            for question in (node.cluster_status, node.queue_rows):
+                with pytest.raises(ErlCallError, match="not running"):
+                    await asyncio.to_thread(question)
+            refused = await asyncio.to_thread(node.ctl, *STATUS, check=False)
+            assert refused.returncode != 0
+        finally:
+            await asyncio.to_thread(node.ctl, "start_app")
+        assert await asyncio.to_thread(node.booted)
+    finally:
+        await delete_queue(cluster, quorum)
+        await delete_queue(cluster, classic)
+
+
 async def test_leader_loss_elects_a_new_leader_and_the_node_rejoins(
     rabbit_cluster: RabbitCluster,
 ) -> None:
@@ -129,6 +207,10 @@ async def test_leader_loss_elects_a_new_leader_and_the_node_rejoins(
         elected = time.monotonic() - killed_at
         assert new_leader is not leader
         assert not leader.running
+        # a node that is down gives no answer: an error, not an empty one
+        with pytest.raises(ErlCallError):
+            await asyncio.to_thread(leader.erl, "node()")
+        assert not await asyncio.to_thread(leader.booted)
 
         # through the survivors: publish via one, consume everything via the other
         survivors = [n for n in cluster.nodes if n is not leader]

@@ -58,14 +58,14 @@ async def shard_topology(shard_cluster: RabbitCluster) -> AsyncIterator[Topology
 
 
 def routes(cluster: RabbitCluster, topology: Topology) -> set[str]:
-    """Where ``topology.exchange`` routes now (rabbitmqctl list_bindings on a running node)."""
-    out = (
-        cluster.running_nodes()[0]
-        .ctl("list_bindings", "--quiet", "--no-table-headers", "source_name", "destination_name")
-        .stdout
+    """Where ``topology.exchange`` routes now (its bindings, read on a running node)."""
+    source = f'{{resource, <<"/">>, exchange, <<"{topology.exchange}">>}}'
+    # a binding is {binding, Source, Key, Destination, Args}; its destination as its name
+    return set(
+        cluster.running_nodes()[0].erl(
+            f"[element(4, B) || B <- rabbit_binding:list_for_source({source})]"
+        )
     )
-    pairs = [line.split("\t") for line in out.splitlines() if "\t" in line]
-    return {dest for source, dest, *_ in pairs if source == topology.exchange}
 
 
 async def wait_for_route(cluster: RabbitCluster, topology: Topology, to: str) -> None:

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
-import re
 import subprocess
 import time
 import uuid
@@ -41,7 +39,7 @@ from tests.faults.conftest import (
 )
 from tests.rigs import netns, postgres_cluster, rabbitmq_node
 from tests.rigs.hosted import Hosted, Hosts, start_pg
-from tests.rigs.rabbitmq_node import RabbitNode
+from tests.rigs.rabbitmq_node import ErlCallError, RabbitNode
 from tests.rigs.wait import poll
 
 # Every node of the rig's cluster: what docs/high-availability.md ships (pause_minority: a node
@@ -123,13 +121,11 @@ View = tuple[set[str], list[str]]  # the nodes one node reports running, and its
 
 def node_view(node: RabbitNode, timeout: float = 30) -> View:
     try:
-        result = node.ctl("cluster_status", "--formatter", "json", check=False, timeout=timeout)
-    except subprocess.TimeoutExpired:  # a busy machine or a node still booting: not whole yet
+        status = node.cluster_status(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a busy machine: not whole yet
         return set(), [f"no answer in {timeout:.0f} s"]
-    try:
-        status = json.loads(result.stdout)
-    except ValueError:
-        return set(), [f"no answer: {result.stdout}{result.stderr}"[:200]]
+    except ErlCallError as exc:  # booting, paused, stuck on its way back, or down
+        return set(), [f"no answer: {exc}"[:200]]
     partitions = status.get("partitions") or {}
     return set(status.get("running_nodes") or ()), [f"{k}: {v}" for k, v in partitions.items()]
 
@@ -145,24 +141,22 @@ def node_view(node: RabbitNode, timeout: float = 30) -> View:
 # the peers `global` has not synced with; both sides start the handshake over and the boot
 # goes on (docs/high-availability.md).
 GLOBAL_STUCK_AFTER = 30.0  # s: past RabbitMQ's own 20 s, so a release with the fix goes first
-_GLOBAL_CHECK_EVERY = 5.0  # s: each check is a rabbitmqctl call, an Erlang VM boot
+_GLOBAL_CHECK_EVERY = 5.0  # s: a node stuck is nudged 30 to 35 s after it was first seen
 # the peers a node whose rabbit application is not running has not synced `global` with
 # (OTP 25's global state record: its 4th element lists the synced nodes)
 _UNSYNCED = (
     "case rabbit:is_running() of true -> []; "
-    "false -> nodes() -- element(4, sys:get_state(global_name_server, 10000)) end."
+    "false -> nodes() -- element(4, sys:get_state(global_name_server, 10000)) end"
 )
-_NODE_NAME = re.compile(r"[\w.-]+@[\w.-]+")
 
 
 def unsynced_peers(node: RabbitNode) -> list[str] | None:
     """The peers ``node`` waits on in ``global`` while its rabbit application is not running
     (``[]`` when it runs; None when it gives no answer)."""
     try:
-        result = node.ctl("eval", _UNSYNCED, check=False, timeout=60)
-    except subprocess.TimeoutExpired:
+        return list(node.erl(_UNSYNCED, timeout=60))
+    except (ErlCallError, subprocess.TimeoutExpired):
         return None
-    return _NODE_NAME.findall(result.stdout) if result.returncode == 0 else None
 
 
 @dataclass
@@ -189,8 +183,8 @@ class GlobalNudge:
         if waited < self.after:
             return
         listed = ", ".join(f"'{p}'" for p in peers)
-        with contextlib.suppress(subprocess.TimeoutExpired):  # if still stuck: again, later
-            node.ctl("eval", f"[erlang:disconnect_node(N) || N <- [{listed}]].", check=False)
+        with contextlib.suppress(ErlCallError, subprocess.TimeoutExpired):  # if still stuck:
+            node.erl(f"[erlang:disconnect_node(N) || N <- [{listed}]]")  # again, later
         self._since.pop(node.node, None)
         line = f"{node.node} waited {waited:.0f} s in global for {listed}: disconnected from them"
         self.done.append(line)
@@ -201,8 +195,7 @@ def cluster_whole(started: Hosts, timeout: float = 120) -> list[str]:
     """Wait until every node reports every node running and no partition (a paused minority
     resumes once it sees the majority again); a node stuck in ``global`` on its way back is
     nudged (:class:`GlobalNudge`). Returns the nudges. While one node's view is not whole the
-    others are not asked: each rabbitmqctl call boots an Erlang VM, seconds on a busy
-    machine."""
+    others are not asked."""
     nodes = started.rabbit.nodes
     expected = {n.node for n in nodes}
     last: dict[str, View] = {}
@@ -211,8 +204,8 @@ def cluster_whole(started: Hosts, timeout: float = 120) -> list[str]:
 
     def whole() -> bool:
         for node in (nodes[1], nodes[2], nodes[0]):  # mq2 first: mq1 is the usual victim
-            # a call may take what is left of the wait: on a busy machine (load 12 on two
-            # cores) one rabbitmqctl call took over 30 s, and one cut short is lost work
+            # a call may take what is left of the wait: a node's answer waits on its peers'
+            # (an rpc to each running node for its partitions), and one cut short is lost work
             left = max(30.0, deadline - time.monotonic())
             last[node.name] = view = node_view(node, left)
             if view[0] != expected or view[1]:

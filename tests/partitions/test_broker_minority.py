@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 
@@ -44,15 +43,12 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 def set_handling(node: RabbitNode, handling: str) -> None:
-    node.ctl("eval", f"application:set_env(rabbit, cluster_partition_handling, {handling}).")
+    node.erl(f"application:set_env(rabbit, cluster_partition_handling, {handling})")
 
 
 def leaders(node: RabbitNode, queues: tuple[str, ...]) -> dict[str, str | None]:
     """Each queue's leader as ``node`` sees it (asked there: the majority's view)."""
-    out = node.ctl(
-        "list_queues", "--quiet", "--formatter", "json", "name", "leader", timeout=30
-    ).stdout
-    rows = {r["name"]: r.get("leader") for r in json.loads(out or "[]")}
+    rows = {r["name"]: r.get("leader") for r in node.queue_rows("name", "leader", timeout=30)}
     return {q: rows.get(q) for q in queues}
 
 

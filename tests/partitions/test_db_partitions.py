@@ -23,7 +23,6 @@ the brokers' frames to rec1 lost (noticed by aiormq's heartbeat: ``test_known_li
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 
@@ -55,22 +54,10 @@ def load() -> str:
 
 def queue_state(hosted: Hosted, queue: str) -> dict[str, int]:
     """ready, unacked and consumers of ``queue`` (asked on mq2)."""
-    out = (
-        hosted.rabbit.nodes[1]
-        .ctl(
-            "list_queues",
-            "--quiet",
-            "--formatter",
-            "json",
-            "name",
-            "messages_ready",
-            "messages_unacknowledged",
-            "consumers",
-            timeout=30,
-        )
-        .stdout
+    rows = hosted.rabbit.nodes[1].queue_rows(
+        "name", "messages_ready", "messages_unacknowledged", "consumers", timeout=30
     )
-    for row in json.loads(out or "[]"):
+    for row in rows:
         if row["name"] == queue:
             return {
                 "ready": int(row["messages_ready"]),
@@ -86,7 +73,7 @@ async def watch_queue(
     while not stop.is_set():
         try:
             out.append((time.monotonic(), await asyncio.to_thread(queue_state, hosted, queue)))
-        except Exception as exc:  # a slow or failed rabbitmqctl: kept for the report
+        except Exception as exc:  # a slow or failed answer: kept for the report
             out.append((time.monotonic(), {"error": hash(repr(exc)[:100])}))
             print(f"queue watch: {exc!r}"[:300])
         await asyncio.sleep(0.5)

@@ -29,7 +29,7 @@ from tests.partitions.conftest import cluster_whole
 from tests.rigs import netns
 from tests.rigs.hosted import Hosted, Hosts
 from tests.rigs.netns import Host, Net
-from tests.rigs.rabbitmq_node import RabbitNode
+from tests.rigs.rabbitmq_node import ErlCallError, RabbitNode
 from tests.rigs.wait import poll
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(240)]
@@ -224,9 +224,15 @@ def test_the_leftover_check_ignores_counters_moving_in_the_rules_it_compares() -
 
 
 def _is_running(node: RabbitNode) -> bool:
-    return node.ctl("eval", "rabbit:is_running().", check=False, timeout=60).stdout.strip() == (
-        "true"
-    )
+    try:
+        return node.erl("rabbit:is_running()", timeout=60) is True
+    except ErlCallError:
+        return False
+
+
+def _connected(node: RabbitNode, peer: RabbitNode) -> bool:
+    """Whether ``node`` still has a connection to ``peer`` (it has not seen the cut yet)."""
+    return node.erl(f"lists:member('{peer.node}', nodes())") is True
 
 
 def _hold_global_until_disconnected(node: RabbitNode) -> str:
@@ -236,7 +242,7 @@ def _hold_global_until_disconnected(node: RabbitNode) -> str:
     return (
         "spawn(fun() -> net_kernel:monitor_nodes(true), sys:suspend(global_name_server), "
         f"receive {{nodedown, '{node.node}'}} -> ok after 600000 -> ok end, "
-        "sys:resume(global_name_server) end), ok."
+        "sys:resume(global_name_server) end), ok"
     )
 
 
@@ -254,7 +260,10 @@ def test_a_node_back_from_pause_minority_stuck_in_global_is_brought_back(hosts: 
     held = False
     try:
         poll(lambda: not _is_running(mq2), 120, "mq2 paused by pause_minority", interval=1)
-        mq3.ctl("eval", _hold_global_until_disconnected(mq2))
+        # the hold ends at mq3's next nodedown for mq2: set before mq3 has seen the cut, that
+        # nodedown would be the cut's (net_ticktime later on each side), not the nudge's
+        poll(lambda: not _connected(mq3, mq2), 120, "mq3 saw the cut", interval=0.5)
+        mq3.erl(_hold_global_until_disconnected(mq2))
         held = True
         hosts.net.restore(cut)
         nudges = cluster_whole(hosts, 150)
@@ -262,5 +271,5 @@ def test_a_node_back_from_pause_minority_stuck_in_global_is_brought_back(hosts: 
     finally:
         hosts.net.heal()
         if held:
-            mq3.ctl("eval", "sys:resume(global_name_server).")
+            mq3.erl("sys:resume(global_name_server)")
         cluster_whole(hosts, 150)

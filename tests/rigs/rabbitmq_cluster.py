@@ -11,20 +11,21 @@ What a failover test needs:
 - :attr:`RabbitCluster.urls` and :attr:`RabbitCluster.rabbitmq_url` (the comma-separated list a
   clustered ``RABBITMQ_URL`` holds);
 - :meth:`RabbitCluster.queue_status` and :meth:`RabbitCluster.leader_of`: a quorum queue's leader,
-  members and online members, as ``rabbitmqctl list_queues`` on a running node reports them;
+  members and online members, as ``rabbitmqctl list_queues`` on a running node reports them
+  (read with :meth:`~tests.rigs.rabbitmq_node.RabbitNode.erl`: milliseconds, where each
+  rabbitmqctl call boots an Erlang VM);
 - :meth:`RabbitCluster.kill` (SIGKILL, no goodbye to clients or peers) and
   :meth:`RabbitCluster.restart` (the node boots again on its own data and rejoins the cluster);
 - :meth:`RabbitCluster.wait_for_leader` and :meth:`RabbitCluster.wait_all_online`.
 
-Every method blocks (it runs ``rabbitmqctl``, which boots an Erlang VM: about a CPU second a
-call). From async tests call the slow ones through ``asyncio.to_thread`` so that the event loop,
-and any recorder or proxy in it, keeps running. :attr:`RabbitCluster.timings` keeps how long the
-cluster took to start, join and stop, for the report.
+Every method blocks (a node's answer, or a boot). From async tests call the slow ones through
+``asyncio.to_thread`` so that the event loop, and any recorder or proxy in it, keeps running.
+:attr:`RabbitCluster.timings` keeps how long the cluster took to start, join and stop, for the
+report.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -179,28 +180,12 @@ class RabbitCluster:
 
     def cluster_running_nodes(self) -> list[str]:
         """Nodes the cluster reports as running (asked on a running node)."""
-        out = self._any_running().ctl("cluster_status", "--formatter", "json").stdout
-        return list(json.loads(out)["running_nodes"])
+        return list(self._any_running().cluster_status().get("running_nodes", []))
 
     def _queue_rows(self, vhost: str) -> list[dict[str, Any]]:
-        out = (
-            self._any_running()
-            .ctl(
-                "list_queues",
-                "--quiet",
-                "--vhost",
-                vhost,
-                "--formatter",
-                "json",
-                "name",
-                "type",
-                "leader",
-                "members",
-                "online",
-            )
-            .stdout
+        return self._any_running().queue_rows(
+            "name", "type", "leader", "members", "online", vhost=vhost
         )
-        return list(json.loads(out or "[]"))
 
     @staticmethod
     def _status(row: dict[str, Any]) -> QueueStatus:
@@ -223,8 +208,7 @@ class RabbitCluster:
         return None
 
     def queue_statuses(self, vhost: str = "/") -> dict[str, QueueStatus]:
-        """Every quorum queue of ``vhost`` by name, in one rabbitmqctl call (an Erlang VM boot:
-        seconds on a busy machine)."""
+        """Every quorum queue of ``vhost`` by name, in one call."""
         return {
             str(row["name"]): self._status(row)
             for row in self._queue_rows(vhost)

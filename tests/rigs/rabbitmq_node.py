@@ -12,6 +12,12 @@ The node runs in the foreground as our child (``RUNNING_UNDER_SYSTEMD`` makes th
 :meth:`RabbitNode.stop` an orderly stop. Nodes that share a ``cookie`` can be clustered
 (:meth:`RabbitNode.join`).
 
+Questions to a node (its queues, the cluster as it sees it, any Erlang expression) go through
+``erl_call`` (:meth:`RabbitNode.erl`), Erlang/OTP's C client: milliseconds and no CPU to speak
+of, where each ``rabbitmqctl`` call boots an Erlang VM (0.6 to 1 CPU-s; the rigs poll while
+leaders move and partitions heal). ``rabbitmqctl`` is kept for what changes the node (joins,
+stops, policies).
+
 Ports: callers choose them; keep clear of 5790-5799 and 25790-25799, which other checks on this
 machine use. :func:`free_port` finds a free one.
 
@@ -24,7 +30,9 @@ no other way in), and ``rabbitmqctl`` run inside the namespace too.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -33,19 +41,46 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tests.rigs.netns import Host
 
 SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 CTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
+# Erlang/OTP's C client of the distribution protocol: evaluates an expression on a node without
+# booting an Erlang VM of its own (:meth:`RabbitNode.erl`)
+ERL_CALL = "/usr/lib/erlang/bin/erl_call"
 _RESERVED = set(range(5790, 5800)) | set(range(25790, 25800))
 
 
 def available() -> bool:
     """True when the RabbitMQ server binaries are installed here."""
-    return Path(SERVER).exists() and Path(CTL).exists() and shutil.which("erl") is not None
+    return (
+        Path(SERVER).exists()
+        and Path(CTL).exists()
+        and Path(ERL_CALL).exists()
+        and shutil.which("erl") is not None
+    )
+
+
+class ErlCallError(RuntimeError):
+    """The node gave no result: not reachable, or the expression failed there."""
+
+
+# An Erlang term as JSON: atoms as strings (true and false as booleans), a resource (a queue's
+# name) as its name, anything else printed. The result travels as hex digits in a string, which
+# erl_call prints whole (it abbreviates a binary).
+_AS_JSON = (
+    "J = fun J(V) when is_boolean(V) -> V; J(V) when is_atom(V) -> atom_to_binary(V); "
+    "J(V) when is_binary(V); is_number(V) -> V; J(V) when is_list(V) -> [J(X) || X <- V]; "
+    "J({resource, _, _, Name}) -> Name; "
+    "J(V) when is_map(V) -> maps:from_list([{J(K), J(X)} || {K, X} <- maps:to_list(V)]); "
+    'J(V) -> iolist_to_binary(io_lib:format("~p", [V])) end, '
+    "binary_to_list(binary:encode_hex(iolist_to_binary(rabbit_json:encode("
+    "J(begin @EXPRESSION@ end))))).\n"
+)
+_RESULT = re.compile(r'^\{ok, "([0-9A-F]*)"\}\s*$')
 
 
 def free_port() -> int:
@@ -172,13 +207,10 @@ class RabbitNode:
                 raise RuntimeError(
                     f"node {self.node} exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
-            # each rabbitmqctl call boots an Erlang VM (about a CPU second): while the AMQP port
-            # is still closed the node is surely booting, so poll the port, which costs nothing
+            # while the AMQP port is still closed the node is surely booting: poll the port,
+            # which costs nothing, then ask the node
             booting = self.listen_plain and not self._port_open()
-            if (
-                not booting
-                and self.ctl("await_startup", "--timeout", "5", check=False).returncode == 0
-            ):
+            if not booting and self.booted():
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node {self.node} not ready in {timeout} s:\n{self.log_tail()}")
@@ -211,6 +243,78 @@ class RabbitNode:
                 f"{result.stdout}{result.stderr}"
             )
         return result
+
+    def erl(self, expression: str, *, timeout: float = 30) -> Any:
+        """The value of the Erlang ``expression`` (no final dot) evaluated on the node, as JSON
+        (atoms as strings, a queue's name as its name), with ``erl_call``: a C client of the
+        distribution protocol, as rabbitmqctl's own calls are, but without the Erlang VM
+        rabbitmqctl boots for each call (0.6 to 1 CPU-s, and seconds of wall time on a busy
+        machine, where the rigs poll a node several times a second). ErlCallError when the node
+        does not answer or the expression fails; TimeoutExpired after ``timeout`` s."""
+        names = "-name" if self.host is not None else "-sname"  # long names in a namespace
+        result = subprocess.run(
+            self._argv([ERL_CALL, names, self.node, "-c", self.cookie, "-r", "-e"]),
+            input=_AS_JSON.replace("@EXPRESSION@", expression),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        found = _RESULT.match(result.stdout)
+        if result.returncode != 0 or found is None:
+            raise ErlCallError(
+                f"{expression} on {self.node}: {result.stdout.strip()} {result.stderr.strip()}"
+            )
+        return json.loads(bytes.fromhex(found.group(1)))
+
+    def booted(self) -> bool:
+        """Whether the node has finished booting the rabbit application (what ``rabbitmqctl
+        await_startup`` waits for); False while it boots or gives no answer."""
+        try:
+            return self.erl("rabbit:is_booted()", timeout=10) is True
+        except (ErlCallError, subprocess.TimeoutExpired):
+            return False
+
+    def cluster_status(self, *, timeout: float = 30) -> dict[str, Any]:
+        """The cluster as this node sees it, as ``rabbitmqctl cluster_status --formatter json``
+        reports it: ``running_nodes`` and ``partitions`` (each node with the nodes it saw
+        partitioned from it). ErlCallError while the node's rabbit application is not running
+        (booting, paused in a minority, stuck on its way back), where rabbitmqctl refuses too:
+        its Mnesia may answer meanwhile, and list the node as running."""
+        status = self.erl(
+            "case rabbit:is_running() of false -> not_running; true -> "
+            "S = rabbit_mnesia:status(), maps:from_list([{K, case K of partitions -> "
+            "maps:from_list(V); _ -> V end} || {K, V} <- S, K =/= nodes]) end",
+            timeout=timeout,
+        )
+        if not isinstance(status, dict):
+            raise ErlCallError(f"the rabbit application is not running on {self.node}")
+        return status
+
+    def queue_rows(
+        self, *items: str, vhost: str = "/", timeout: float = 30
+    ) -> list[dict[str, Any]]:
+        """Every queue of ``vhost`` with these info items (rabbitmqctl list_queues's: name,
+        type, leader, members, online, messages_ready, consumers, ...), as ``list_queues
+        --formatter json`` gives them: each running node reports the queues it leads (a quorum
+        queue's counts live on its leader's node), then this node the durable ones that are
+        down. ErlCallError while the node's rabbit application is not running, where
+        rabbitmqctl refuses too."""
+        keys = ", ".join(items)
+        rows = self.erl(
+            "case rabbit:is_running() of false -> not_running; true -> "
+            f'Items = [{keys}], VHost = <<"{vhost}">>, '
+            "Local = lists:append([erpc:call(N, fun() -> [rabbit_amqqueue:info(Q, Items) "
+            "|| Q <- rabbit_amqqueue:list_local(VHost)] end, 20000) "
+            "|| N <- rabbit_nodes:all_running()]), "
+            "Down = [rabbit_amqqueue:info_down(Q, Items, down) "
+            "|| Q <- rabbit_amqqueue:list_down(VHost)], "
+            "[maps:from_list(I) || I <- Local ++ Down] end",
+            timeout=timeout,
+        )
+        if not isinstance(rows, list):
+            raise ErlCallError(f"the rabbit application is not running on {self.node}")
+        return rows
 
     def join(self, other: RabbitNode) -> None:
         """Join ``other``'s cluster (both must share the cookie)."""

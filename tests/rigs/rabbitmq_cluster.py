@@ -3,8 +3,8 @@
 :class:`RabbitCluster` starts ``size`` :class:`~tests.rigs.rabbitmq_node.RabbitNode` s from the
 installed ``rabbitmq-server``, each with its own node name, AMQP and distribution ports, data
 (mnesia) and log directories under one folder of the test's, all sharing one Erlang cookie. The
-nodes boot in parallel; then every node but the first is joined to the first with
-``rabbitmqctl join_cluster``. Nothing of the machine's own node is read or changed.
+nodes boot in parallel; then every node but the first is joined to the first, as
+``rabbitmqctl join_cluster`` does it. Nothing of the machine's own node is read or changed.
 
 What a failover test needs:
 
@@ -136,11 +136,11 @@ class RabbitCluster:
         seed, others = self.nodes[0], self.nodes[1:]
         # stop_app and start_app may run side by side; join_cluster one at a time, since each
         # one changes the seed's cluster membership
-        _parallel(others, lambda n: n.ctl("stop_app"))
+        _parallel(others, lambda n: n.erl_ok("rabbit:stop()"))
         for node in others:
-            node.ctl("join_cluster", seed.node)
-        # start_app returns once the app has booted: no await_startup round needed
-        _parallel(others, lambda n: n.ctl("start_app", timeout=120))
+            node.erl_ok(f"rabbit_mnesia:join_cluster('{seed.node}', disc)")
+        # rabbit:start() returns once the app has booted: no await_startup round needed
+        _parallel(others, lambda n: n.erl_ok("rabbit:start()", timeout=120))
         members = set(self.cluster_running_nodes())
         expected = {n.node for n in self.nodes}
         if members != expected:

@@ -15,8 +15,7 @@ The node runs in the foreground as our child (``RUNNING_UNDER_SYSTEMD`` makes th
 Questions to a node (its queues, the cluster as it sees it, any Erlang expression) go through
 ``erl_call`` (:meth:`RabbitNode.erl`), Erlang/OTP's C client: milliseconds and no CPU to speak
 of, where each ``rabbitmqctl`` call boots an Erlang VM (0.6 to 1 CPU-s; the rigs poll while
-leaders move and partitions heal). ``rabbitmqctl`` is kept for what changes the node (joins,
-stops, policies).
+leaders move and partitions heal), and so do the joins (:meth:`RabbitNode.erl_ok`).
 
 Ports: callers choose them; keep clear of 5790-5799 and 25790-25799, which other checks on this
 machine use. :func:`free_port` finds a free one.
@@ -267,6 +266,14 @@ class RabbitNode:
             )
         return json.loads(bytes.fromhex(found.group(1)))
 
+    def erl_ok(self, expression: str, *, timeout: float = 60) -> None:
+        """Evaluate ``expression``, which must return ``ok`` (RuntimeError otherwise): what
+        rabbitmqctl's stop_app (``rabbit:stop()``), start_app (``rabbit:start()``) and
+        join_cluster (``rabbit_mnesia:join_cluster(Seed, disc)``) call on the node."""
+        result = self.erl(expression, timeout=timeout)
+        if result != "ok":
+            raise RuntimeError(f"{expression} on {self.node}: {result}")
+
     def booted(self) -> bool:
         """Whether the node has finished booting the rabbit application (what ``rabbitmqctl
         await_startup`` waits for); False while it boots or gives no answer."""
@@ -318,10 +325,9 @@ class RabbitNode:
 
     def join(self, other: RabbitNode) -> None:
         """Join ``other``'s cluster (both must share the cookie)."""
-        self.ctl("stop_app")
-        self.ctl("join_cluster", other.node)
-        self.ctl("start_app")
-        self.ctl("await_startup", "--timeout", "60")
+        self.erl_ok("rabbit:stop()")
+        self.erl_ok(f"rabbit_mnesia:join_cluster('{other.node}', disc)")
+        self.erl_ok("rabbit:start()", timeout=120)  # returns once the app has booted
 
     @property
     def running(self) -> bool:

@@ -58,6 +58,7 @@ T_RETENTION_BUSY = (
 )
 T_PARTITIONS = "tests/integration/test_partitions.py::"
 PARTITIONING_SQL = "bulk_recorder/sql/partitioning/partitioned_ledger.sql"
+T_RIG_ANSWERS = "tests/cluster/test_rigs.py::test_a_nodes_answers_over_erl_call_are_rabbitmqctls"
 T_DLQ_PROPERTIES = (
     "tests/integration/test_dlq_properties.py::"
     "test_dead_letter_and_replay_keep_the_message_properties"
@@ -2333,6 +2334,30 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/partitions/test_rig.py::"
             "test_a_node_back_from_pause_minority_stuck_in_global_is_brought_back",
         ),
+    ),
+    # Issue 40: the rigs read their nodes with erl_call; what the partition and node-loss
+    # proofs wait on (a node running, a queue's leader and counts) must be what rabbitmqctl says.
+    Mutant(
+        name="rig-reads-a-stopped-rabbit-as-running",
+        path="tests/rigs/rabbitmq_node.py",
+        old=(
+            '            "case rabbit:is_running() of false -> not_running; true -> "\n'
+            '            "S = rabbit_mnesia:status()'
+        ),
+        new=(
+            '            "case true of false -> not_running; true -> "\n'
+            '            "S = rabbit_mnesia:status()'
+        ),
+        promise=NETWORK_PARTITIONS,
+        tests=(T_RIG_ANSWERS,),
+    ),
+    Mutant(
+        name="rig-counts-only-the-queues-the-asked-node-leads",
+        path="tests/rigs/rabbitmq_node.py",
+        old='            "|| N <- rabbit_nodes:all_running()]), "\n',
+        new='            "|| N <- [node()]]), "\n',
+        promise=NODE_LOSS,
+        tests=(T_RIG_ANSWERS,),
     ),
     Mutant(
         name="publisher-forgets-a-failed-chunks-ids",

@@ -21,7 +21,11 @@ import pytest
 def test_where(n):
     out = pathlib.Path(os.environ["WHERE_OUT"])
     worker = os.environ.get("PYTEST_XDIST_WORKER")
-    (out / f"{os.getpid()}-{__name__}-{n}").write_text(json.dumps([worker, __name__]))
+    # written whole under another name, then renamed: a worker reading the folder meanwhile
+    # found a file created and not yet written (JSONDecodeError, make test-random)
+    name = f"{os.getpid()}-{__name__}-{n}"
+    (out / f".{name}").write_text(json.dumps([worker, __name__]))
+    os.replace(out / f".{name}", out / name)
     if __name__ != "test_integration":
         return
     # Wait until an ungrouped test has run on another worker as well. xdist hands a worker its
@@ -30,7 +34,7 @@ def test_where(n):
     # no rig can run every ungrouped test first (it did, on a loaded machine).
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        seen = [json.loads(p.read_text()) for p in out.iterdir()]
+        seen = [json.loads(p.read_text()) for p in out.iterdir() if not p.name.startswith(".")]
         if len({w for w, m in seen if m == __name__}) > 1:
             return
         time.sleep(0.05)

@@ -2340,14 +2340,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="rig-reads-a-stopped-rabbit-as-running",
         path="tests/rigs/rabbitmq_node.py",
-        old=(
-            '            "case rabbit:is_running() of false -> not_running; true -> "\n'
-            '            "S = rabbit_mnesia:status()'
-        ),
-        new=(
-            '            "case true of false -> not_running; true -> "\n'
-            '            "S = rabbit_mnesia:status()'
-        ),
+        old='f"case rabbit:is_running() of false -> not_running; true -> {expression} end",',
+        new='f"case true of false -> not_running; true -> {expression} end",',
         promise=NETWORK_PARTITIONS,
         tests=(T_RIG_ANSWERS,),
     ),

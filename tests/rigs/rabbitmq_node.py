@@ -282,20 +282,29 @@ class RabbitNode:
         except (ErlCallError, subprocess.TimeoutExpired):
             return False
 
+    def _while_running(self, expression: str, timeout: float) -> Any:
+        """``expression``'s value, or ErlCallError while the node's rabbit application is not
+        running: rabbitmqctl's listing commands refuse then too (a booting node's Mnesia would
+        still answer, and list it as running)."""
+        value = self.erl(
+            f"case rabbit:is_running() of false -> not_running; true -> {expression} end",
+            timeout=timeout,
+        )
+        if value == "not_running":
+            raise ErlCallError(f"the rabbit application is not running on {self.node}")
+        return value
+
     def cluster_status(self, *, timeout: float = 30) -> dict[str, Any]:
         """The cluster as this node sees it, as ``rabbitmqctl cluster_status --formatter json``
         reports it: ``running_nodes`` and ``partitions`` (each node with the nodes it saw
         partitioned from it). ErlCallError while the node's rabbit application is not running
         (booting, paused in a minority, stuck on its way back), where rabbitmqctl refuses too:
         its Mnesia may answer meanwhile, and list the node as running."""
-        status = self.erl(
-            "case rabbit:is_running() of false -> not_running; true -> "
+        status: dict[str, Any] = self._while_running(
             "S = rabbit_mnesia:status(), maps:from_list([{K, case K of partitions -> "
-            "maps:from_list(V); _ -> V end} || {K, V} <- S, K =/= nodes]) end",
-            timeout=timeout,
+            "maps:from_list(V); _ -> V end} || {K, V} <- S, K =/= nodes])",
+            timeout,
         )
-        if not isinstance(status, dict):
-            raise ErlCallError(f"the rabbit application is not running on {self.node}")
         return status
 
     def queue_rows(
@@ -308,19 +317,16 @@ class RabbitNode:
         down. ErlCallError while the node's rabbit application is not running, where
         rabbitmqctl refuses too."""
         keys = ", ".join(items)
-        rows = self.erl(
-            "case rabbit:is_running() of false -> not_running; true -> "
+        rows: list[dict[str, Any]] = self._while_running(
             f'Items = [{keys}], VHost = <<"{vhost}">>, '
             "Local = lists:append([erpc:call(N, fun() -> [rabbit_amqqueue:info(Q, Items) "
             "|| Q <- rabbit_amqqueue:list_local(VHost)] end, 20000) "
             "|| N <- rabbit_nodes:all_running()]), "
             "Down = [rabbit_amqqueue:info_down(Q, Items, down) "
             "|| Q <- rabbit_amqqueue:list_down(VHost)], "
-            "[maps:from_list(I) || I <- Local ++ Down] end",
-            timeout=timeout,
+            "[maps:from_list(I) || I <- Local ++ Down]",
+            timeout,
         )
-        if not isinstance(rows, list):
-            raise ErlCallError(f"the rabbit application is not running on {self.node}")
         return rows
 
     def join(self, other: RabbitNode) -> None:

@@ -190,6 +190,60 @@ async def test_a_nodes_answers_over_erl_call_are_rabbitmqctls(
         await delete_queue(cluster, classic)
 
 
+def _queue_process(name: str) -> str:
+    """An Erlang expression binding ``P`` to the pid of the classic queue ``name`` on "/"."""
+    return (
+        f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{name}">>)), '
+        "P = amqqueue:get_pid(Q)"
+    )
+
+
+async def test_a_queue_that_ends_while_the_rows_are_asked_is_left_out_as_rabbitmqctl_does(
+    rabbit_cluster: RabbitCluster,
+) -> None:
+    """A queue whose process ends while it is asked for its row (deleted, its exclusive owner
+    gone, its node's shutdown) is left out of the rows, as rabbitmqctl list_queues leaves it
+    out, and the other queues' rows are still given. make test at 4b2e1c5 failed on this: a
+    classic queue ended during a node kill, and the rows raised ErlCallError instead. Here the
+    queue's process is suspended, so the question waits on it, and is then ended with the
+    reason ``normal`` (what a queue's own end gives a caller)."""
+    cluster = rabbit_cluster
+    node, owner = cluster.nodes[2], cluster.nodes[1]
+    ending, staying = unique_name("brha.ending"), unique_name("brha.staying")
+    async with channel_on(owner) as channel:
+        for name in (ending, staying):
+            await channel.declare_queue(name, auto_delete=False)
+    try:
+        await asyncio.to_thread(owner.erl, f"{_queue_process(ending)}, sys:suspend(P)")
+        asked = asyncio.create_task(asyncio.to_thread(node.queue_rows, "name", "type"))
+
+        async def waiting() -> bool:  # the question is in the suspended process's mailbox
+            length = await asyncio.to_thread(
+                owner.erl,
+                f"{_queue_process(ending)}, element(2, erlang:process_info(P, message_queue_len))",
+            )
+            return isinstance(length, int) and length >= 1
+
+        await wait_for(waiting, timeout=30)
+        assert not asked.done()
+        await asyncio.to_thread(owner.erl, f"{_queue_process(ending)}, sys:terminate(P, normal)")
+        names = {row["name"] for row in await asyncio.wait_for(asked, timeout=30)}
+        assert staying in names
+        assert ending not in names
+        # asked again after the end, both answers agree
+        listed = await asyncio.to_thread(
+            node.ctl, "list_queues", "--quiet", "--formatter", "json", "name"
+        )
+        again = await asyncio.to_thread(node.queue_rows, "name")
+        ctl_names = {row["name"] for row in json.loads(listed.stdout)}
+        assert {row["name"] for row in again} == ctl_names
+        assert staying in ctl_names
+    finally:
+        with contextlib.suppress(Exception):
+            await delete_queue(cluster, ending)
+        await delete_queue(cluster, staying)
+
+
 async def test_leader_loss_elects_a_new_leader_and_the_node_rejoins(
     rabbit_cluster: RabbitCluster,
 ) -> None:

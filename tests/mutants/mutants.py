@@ -59,6 +59,10 @@ T_RETENTION_BUSY = (
 T_PARTITIONS = "tests/integration/test_partitions.py::"
 PARTITIONING_SQL = "bulk_recorder/sql/partitioning/partitioned_ledger.sql"
 T_RIG_ANSWERS = "tests/cluster/test_rigs.py::test_a_nodes_answers_over_erl_call_are_rabbitmqctls"
+T_RIG_ROW_ENDS = (
+    "tests/cluster/test_rigs.py::"
+    "test_a_queue_that_ends_while_the_rows_are_asked_is_left_out_as_rabbitmqctl_does"
+)
 T_DLQ_PROPERTIES = (
     "tests/integration/test_dlq_properties.py::"
     "test_dead_letter_and_replay_keep_the_message_properties"
@@ -2352,6 +2356,14 @@ MUTANTS: tuple[Mutant, ...] = (
         new='            "|| N <- [node()]]), "\n',
         promise=NODE_LOSS,
         tests=(T_RIG_ANSWERS,),
+    ),
+    Mutant(
+        name="rig-rows-fail-on-a-queue-that-ends-meanwhile",
+        path="tests/rigs/rabbitmq_node.py",
+        old='            "rabbit_misc:with_exit_handler(fun() -> [] end, "\n',
+        new='            "(fun(_, F) -> F() end)(fun() -> [] end, "\n',
+        promise=NODE_LOSS,
+        tests=(T_RIG_ROW_ENDS,),
     ),
     Mutant(
         name="publisher-forgets-a-failed-chunks-ids",

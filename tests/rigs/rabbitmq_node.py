@@ -314,13 +314,16 @@ class RabbitNode:
         type, leader, members, online, messages_ready, consumers, ...), as ``list_queues
         --formatter json`` gives them: each running node reports the queues it leads (a quorum
         queue's counts live on its leader's node), then this node the durable ones that are
-        down. ErlCallError while the node's rabbit application is not running, where
-        rabbitmqctl refuses too."""
+        down. A queue whose process ends while it is asked (deleted, its owner gone) is left
+        out, with rabbitmqctl's own exit handler. ErlCallError while the node's rabbit
+        application is not running, where rabbitmqctl refuses too."""
         keys = ", ".join(items)
         rows: list[dict[str, Any]] = self._while_running(
             f'Items = [{keys}], VHost = <<"{vhost}">>, '
-            "Local = lists:append([erpc:call(N, fun() -> [rabbit_amqqueue:info(Q, Items) "
-            "|| Q <- rabbit_amqqueue:list_local(VHost)] end, 20000) "
+            "Local = lists:append([erpc:call(N, fun() -> lists:append(["
+            "rabbit_misc:with_exit_handler(fun() -> [] end, "
+            "fun() -> [rabbit_amqqueue:info(Q, Items)] end) "
+            "|| Q <- rabbit_amqqueue:list_local(VHost)]) end, 20000) "
             "|| N <- rabbit_nodes:all_running()]), "
             "Down = [rabbit_amqqueue:info_down(Q, Items, down) "
             "|| Q <- rabbit_amqqueue:list_down(VHost)], "

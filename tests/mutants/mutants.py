@@ -3774,6 +3774,29 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         fast=True,
     ),
+    Mutant(
+        name="forked-pytest-keeps-the-servers-tests-package",
+        path="tests/mutants/forked.py",
+        old="        del sys.modules[name]",
+        new="        pass",
+        promise=START_COST,
+        tests=(
+            "tests/unit/test_mutants.py::"
+            "test_a_forked_pytest_runs_the_scratch_copy_as_a_new_interpreter_would",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="forked-pytest-ignores-its-timeout",
+        path="tests/mutants/forked.py",
+        old="    child.join(timeout)\n",
+        new="    child.join()\n",
+        promise=START_COST,
+        tests=(
+            "tests/unit/test_mutants.py::"
+            "test_a_forked_pytest_runs_the_scratch_copy_as_a_new_interpreter_would",
+        ),
+    ),
     # Issue 40: what starting a command loads and runs beyond what it needs.
     Mutant(
         name="tracing-loads-opentelemetry-at-import",

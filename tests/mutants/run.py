@@ -9,13 +9,14 @@
     python -m tests.mutants.run --jobs 3        # three mutants side by side (`make mutants`)
 
 For each mutant the repository's tracked files (as they are in the working tree) are copied to
-a temporary directory, the one replacement is applied there, and this repository's virtualenv
-python runs pytest on the mutant's tests with that directory as the working directory and the
-only source of ``bulk_recorder``, ``consumer`` and ``settings``. A failing test kills the mutant;
-passing tests mean it survived; anything else (no tests collected, an interrupted run, a
-timeout) is an error. Every snippet is checked before anything runs: one that does not occur
-exactly once stops the run. The last line is ``mutants: N killed, M survived``; the exit status
-is 0 only when every mutant was killed.
+a temporary directory, the one replacement is applied there, and pytest runs the mutant's tests
+with that directory as the working directory and the only source of ``bulk_recorder``,
+``consumer``, ``settings`` and the tests: forked from a server that has pytest and the
+libraries imported (tests/mutants/forked.py), as ``python -m pytest`` would run there. A
+failing test kills the mutant; passing tests mean it survived; anything else (no tests
+collected, an interrupted run, a timeout) is an error. Every snippet is checked before
+anything runs: one that does not occur exactly once stops the run. The last line is
+``mutants: N killed, M survived``; the exit status is 0 only when every mutant was killed.
 
 With ``--jobs N``, N mutants run side by side, each on its own scratch copy (their tests wait on
 the services far more than they compute). A test marked ``exclusive`` (it faults something every
@@ -53,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.mutants import MUTANT_RUN_ENV
+from tests.mutants import MUTANT_RUN_ENV, forked
 from tests.mutants.mutants import MUTANTS, Mutant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,10 +192,13 @@ def child_env(scratch: Path) -> dict[str, str]:
 
 
 def assert_imports_from(scratch: Path) -> None:
-    """Fail loudly unless the scratch copy, not the repository, is what the tests import."""
+    """Fail loudly unless the scratch copy, not the repository, is what the tests import.
+    The probe asks the import system where each would come from (``find_spec``, through the
+    same finders, the editable install's among them) without running them: importing
+    ``settings`` loads pydantic, 0.3 CPU-s a mutant."""
     probe = (
-        "import bulk_recorder, consumer, settings;"
-        "print(bulk_recorder.__file__, consumer.__file__, settings.__file__)"
+        "import importlib.util as u;"
+        "print(*(u.find_spec(n).origin for n in ('bulk_recorder', 'consumer', 'settings')))"
     )
     out = subprocess.run(
         [python(), "-c", probe],
@@ -213,21 +217,12 @@ def assert_imports_from(scratch: Path) -> None:
 def run_tests(
     scratch: Path, tests: Sequence[str], log: Path, options: Sequence[str] = ()
 ) -> tuple[int, float]:
-    command = [python(), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *options, *tests]
+    """pytest on ``tests`` in the scratch copy, as ``python -m pytest`` would run them there,
+    forked from a server that has the libraries imported (tests/mutants/forked.py): its exit
+    status (-1: it outlived :data:`PER_MUTANT_TIMEOUT_S`) and its seconds."""
+    arguments = ["-x", "-q", "-p", "no:cacheprovider", *options, *tests]
     started = time.monotonic()
-    with log.open("ab") as out:
-        try:
-            code = subprocess.run(
-                command,
-                cwd=scratch,
-                env=child_env(scratch),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=PER_MUTANT_TIMEOUT_S,
-                check=False,
-            ).returncode
-        except subprocess.TimeoutExpired:
-            code = -1
+    code = forked.run(scratch, arguments, log, child_env(scratch), PER_MUTANT_TIMEOUT_S)
     return code, time.monotonic() - started
 
 

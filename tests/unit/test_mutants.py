@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mutants import MUTANT_RUN_ENV, run
+from tests.mutants import MUTANT_RUN_ENV, forked, run
 from tests.mutants.mutants import MUTANTS, Mutant
 from tests.mutants.run import REPO, SnippetError, check_snippets, mutate, subset
 
@@ -309,3 +309,70 @@ def test_the_collection_that_finds_the_locking_tests_writes_bytecode() -> None:
     the lanes writes the bytecode the scratch copies reuse."""
     assert "PYTHONDONTWRITEBYTECODE" not in run.writing_bytecode()
     assert run.child_env(REPO)["PYTHONDONTWRITEBYTECODE"] == "1"  # scratch copies: not theirs
+
+
+def test_the_import_probe_accepts_the_scratch_copy_and_refuses_the_repository(
+    tmp_path: Path,
+) -> None:
+    """Each mutant's run first checks that the scratch copy is what the tests import: a copy
+    with the three top-level sources passes; one without settings.py would import the
+    repository's (the editable install's finder) and stops the run."""
+    for name in ("bulk_recorder", "consumer"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    with pytest.raises(SystemExit, match=r"settings\.py"):
+        run.assert_imports_from(tmp_path)
+    (tmp_path / "settings.py").write_text("")
+    run.assert_imports_from(tmp_path)
+
+
+_PROBE_TEST = """
+import os, sys
+import settings
+import tests
+
+def test_here():
+    assert settings.WHERE == "scratch"
+    assert tests.__file__.startswith(os.environ["SCRATCH"])
+    assert os.getcwd() == os.environ["SCRATCH"]
+    assert sys.dont_write_bytecode
+    assert os.environ["PROBE"] == "1"
+    assert sys.path[0] == os.environ["SCRATCH"]
+"""
+
+
+def test_a_forked_pytest_runs_the_scratch_copy_as_a_new_interpreter_would(tmp_path: Path) -> None:
+    """The forked child imports the tests and the service from the scratch copy (the server's
+    ``tests`` package left behind), in its directory, with its environment; a failure is exit
+    status 1 and a run past its timeout is SIGKILLed (-1)."""
+    scratch = tmp_path / "scratch"
+    (scratch / "tests").mkdir(parents=True)
+    (scratch / "tests" / "__init__.py").write_text("")
+    (scratch / "settings.py").write_text('WHERE = "scratch"\n')
+    (scratch / "tests" / "test_probe.py").write_text(_PROBE_TEST)
+    (scratch / "tests" / "test_fails.py").write_text("def test_no():\n    assert False\n")
+    (scratch / "tests" / "test_hangs.py").write_text(
+        "import time\n\ndef test_long():\n    time.sleep(15)\n"
+    )
+    env = {**run.child_env(scratch), "PROBE": "1", "SCRATCH": str(scratch)}
+    log = tmp_path / "log"
+    options = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+
+    def status(test: str, timeout: float = 60) -> int:
+        return forked.run(scratch, [*options, test], log, env, timeout)
+
+    assert status("tests/test_probe.py") == 0, log.read_text()
+    assert status("tests/test_fails.py") == 1
+    assert status("tests/test_hangs.py", timeout=3) == -1
+    assert "1 passed" in log.read_text()
+
+
+def test_the_fork_servers_preload_is_no_plugin_and_nothing_of_ours() -> None:
+    """pytest rewrites its plugins' asserts as it imports them, which it cannot do for a module
+    the server already imported; the service and the tests come from each scratch copy."""
+    from importlib.metadata import entry_points
+
+    plugins = {ep.module.split(".")[0] for ep in entry_points(group="pytest11")}
+    for name in forked.PRELOAD:
+        assert name.split(".")[0] not in plugins, name
+        assert name.split(".")[0] not in forked.OURS, name

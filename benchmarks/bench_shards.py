@@ -429,11 +429,21 @@ class Timeline:
         return min(self.points, key=lambda p: abs(p[0] - at))[2]
 
 
+def ready_count(messages: int, consumers: int) -> int | None:
+    """A passive declare's answer as a reading of a shard's ready count, or None: RabbitMQ 3.10
+    answers 0 messages and 0 consumers when the quorum leader took over 250 ms to tell
+    (rabbit_quorum_queue:stat/2 turns its timeout into ``{ok, 0, 0}``), which a node held to
+    its quota does. A 0 while consumers are attached is a drained shard."""
+    if messages == 0 and consumers == 0:
+        return None
+    return messages
+
+
 async def probe(
     cluster: QuotaCluster, url: str, topology: Topology, timeline: Timeline, stop: asyncio.Event
 ) -> None:
     """Every PROBE_S, each shard's ready count by a passive declare on a channel of its own
-    (a shard without a leader answers late or not at all: None)."""
+    (a shard without a leader answers late or not at all, or with no reading: None)."""
     connection = await aio_pika.connect(url, timeout=30)
     channels: dict[str, aio_pika.abc.AbstractChannel] = {}
 
@@ -444,7 +454,8 @@ async def probe(
             declared = await asyncio.wait_for(
                 channels[queue].declare_queue(queue, passive=True), 1.0
             )
-            return int(declared.declaration_result.message_count or 0)
+            result = declared.declaration_result
+            return ready_count(int(result.message_count or 0), int(result.consumer_count or 0))
         except (TimeoutError, aio_pika.exceptions.AMQPError):
             channels.pop(queue, None)
             return None

@@ -15,7 +15,8 @@ prune [--wait SECONDS]
     from the highest down (a shard still holding messages keeps the ones below it, so that the
     recorders' probe, which stops at the first missing shard, still finds them). Each one is
     checked and deleted under the route lock, after its binding to the shard exchange is
-    removed: nothing can reach it in between. Drained means no message ready and no consumer:
+    removed: nothing can reach it in between. Drained means no message ready and no consumer,
+    answered within STAT_TIMEOUT_S (RabbitMQ 3.10 answers 0 and 0 for a leader too slow to count):
     the recorders let go of an empty leftover shard at their next look (every 5 s), and a
     quorum queue keeps a consumer, even a cancelled one, while it holds unacked messages, so
     no consumer also means nothing unacked. With one shard, the shard exchange goes too once
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
     from settings import Settings
 
 PRUNE_POLL_S = 1.0
+# RabbitMQ 3.10 gives a quorum queue's leader this long to count for a passive declare, and
+# answers 0 messages and 0 consumers when it does not (rabbit_quorum_queue:stat/2): a slower
+# answer of 0 and 0 may be that, never "drained".
+STAT_TIMEOUT_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +59,17 @@ class Shard:
     consumers: int
     unacked: int | None = None  # from the management API, when asked
     leader: str | None = None
+    counted: bool = True  # False: 0 and 0 answered too late to be a count (STAT_TIMEOUT_S)
 
     @property
     def drained(self) -> bool:
-        return self.ready == 0 and self.consumers == 0
+        return self.counted and self.ready == 0 and self.consumers == 0
+
+    def holding(self) -> str:
+        """What it holds, for the line that says it is not drained."""
+        if not self.counted:
+            return f"{self.queue} (no count from its leader within {STAT_TIMEOUT_S:g} s)"
+        return f"{self.queue} ({self.ready} ready, {self.consumers} consumers)"
 
     def line(self) -> str:
         route = "routed" if self.routed else "leftover"
@@ -223,7 +235,7 @@ async def shards_prune(
                 break
             await asyncio.sleep(min(PRUNE_POLL_S, max(0.0, deadline - loop.time())))
         if left:
-            named = ", ".join(f"{s.queue} ({s.ready} ready, {s.consumers} consumers)" for s in left)
+            named = ", ".join(s.holding() for s in left)
             print(f"bulk-recorder shards prune: not drained: {named}", file=sys.stderr)
             return 1
         if topology.shards == 1:
@@ -248,11 +260,21 @@ async def _prune_once(raw: RawConnection, topology: Topology, out: TextIO) -> li
     return []
 
 
+def counted_shard(number: int, queue: str, ready: int, consumers: int, seconds: float) -> Shard:
+    """A leftover shard as a passive declare answered in ``seconds``: 0 and 0 answered after
+    :data:`STAT_TIMEOUT_S` may be RabbitMQ's answer for a leader that did not count in time
+    (a shard still holding records), so it is not counted as drained."""
+    counted = ready > 0 or consumers > 0 or seconds < STAT_TIMEOUT_S
+    return Shard(number, queue, False, ready, consumers, counted=counted)
+
+
 async def _prune_one(
     raw: RawConnection, topology: Topology, number: int, *, unbind: bool
 ) -> Shard | None:
     """Under the route lock: unbind shard ``number``, and delete it if it is drained (None);
     else what it holds."""
+    import time
+
     from consumer.topology import route_lock
 
     queue = topology.shard_queue(number)
@@ -260,13 +282,14 @@ async def _prune_one(
         channel = await raw.channel(publisher_confirms=False)
         if unbind:
             await channel.queue_unbind(queue, topology.shard_exchange, routing_key="")
+        asked = time.monotonic()
         declared = await channel.queue_declare(queue, passive=True)
-        shard = Shard(
+        shard = counted_shard(
             number,
             queue,
-            False,
             int(declared.message_count or 0),
             int(declared.consumer_count or 0),
+            time.monotonic() - asked,
         )
         if shard.drained:
             await channel.queue_delete(queue)

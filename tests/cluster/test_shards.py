@@ -394,6 +394,58 @@ async def test_resharding_1_to_3_to_1_under_traffic_loses_and_doubles_nothing(
     assert three.shard_queue(2) not in status.stdout, status.stdout
 
 
+async def test_prune_keeps_a_shard_whose_leader_did_not_count_in_time(
+    shard_cluster: RabbitCluster, shard_topology: Topology, database_url: str
+) -> None:
+    """RabbitMQ 3.10 answers a passive declare with 0 messages and 0 consumers when the quorum
+    queue's leader does not count within 250 ms (rabbit_quorum_queue:stat/2), which a busy
+    node's does. A leftover shard holding records, its leader (the Raft server) suspended while
+    ``shards prune`` looks at it (the node itself runs on, so no election moves the leader):
+    prune must keep it, name it, and exit 1; the records are still there once the leader
+    resumes. Before the fix, prune took the 0 and 0 for drained and deleted the shard with its
+    records."""
+    cluster, three = shard_cluster, shard_topology
+    one = dataclasses.replace(three, shards=1)
+    await declare_through(cluster.nodes[0].url, three)
+    spec = LoadSpec("mixed", 300, invalid=0.0, seed=4111)
+    first = await publish_load(cluster.nodes[0].url, three.exchange, spec)
+    leaders = await asyncio.to_thread(_leaders, cluster, three)
+    slow = cluster.node(leaders[three.shard_queue(3)])
+    live = cluster.node(leaders[three.shard_queue(1)])  # prune talks to shard 1's node
+    assert live is not slow, leaders
+    broker = await open_broker(cluster, three)
+    try:
+        before = await shards_ready(broker, three)
+        assert sum(before) == first.published, before
+        assert before[2] > 0, before
+        at_one = cluster_settings(database_url, live.url, one)
+        name = await asyncio.to_thread(
+            slow.erl,
+            f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, '
+            f'<<"{three.shard_queue(3)}">>)), {{Name, _}} = amqqueue:get_pid(Q), '
+            "ok = sys:suspend(Name), Name",
+        )
+        try:
+            prune = asyncio.create_task(
+                asyncio.to_thread(run_cli, ["shards", "prune"], settings_env(at_one), 120)
+            )
+            await asyncio.wait([prune], timeout=30)  # a deletion would wait for the leader
+        finally:  # (a leader deleted meanwhile has nothing to resume)
+            await asyncio.to_thread(slow.erl, f"catch sys:resume('{name}')")
+        pruned = await prune
+        assert pruned.returncode == 1, pruned.stdout + pruned.stderr
+        assert f"deleted {three.shard_queue(3)}" not in pruned.stdout, pruned.stdout
+        named = f"{three.shard_queue(3)} (no count from its leader within 0.25 s)"
+        assert named in pruned.stderr, pruned.stderr
+
+        async def kept() -> bool:  # the node runs again: its count comes back whole
+            return (await shards_ready(broker, three))[2] == before[2]
+
+        await wait_for(kept, timeout=30, interval=0.5)
+    finally:
+        await broker.close()
+
+
 async def _rows_grow(conn, by: int) -> None:
     start = await row_counts(conn)
 

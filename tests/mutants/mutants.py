@@ -3754,6 +3754,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        name="prune-takes-a-late-zero-for-drained",
+        path="consumer/tools/shards.py",
+        old="    counted = ready > 0 or consumers > 0 or seconds < STAT_TIMEOUT_S\n",
+        new="    counted = True\n",
+        promise=SHARDS,
+        tests=(
+            "tests/unit/test_shard_prune_counts.py::"
+            "test_0_and_0_is_drained_only_when_answered_within_the_leaders_250_ms",
+            T_SHARDS + "test_prune_keeps_a_shard_whose_leader_did_not_count_in_time",
+        ),
+    ),
+    Mutant(
         name="cancel-of-a-routed-shard-taken-for-a-pruned-leftover",
         path="consumer/consuming.py",
         old="            if number is not None and number > self.topology.shards:\n",

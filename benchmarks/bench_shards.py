@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq
 
 from benchmarks.support import cgroups
 from benchmarks.support.cgroups import Throttling
@@ -77,6 +78,7 @@ from benchmarks.support.quota_cluster import NodeUse, QuotaCluster, Sample
 from benchmarks.support.recorder import RecorderConfig, RecorderProcess, drain
 from benchmarks.support.services import count_rows, temp_database
 from benchmarks.support.stats import Stat, emit, progress, ratio, save_json, table
+from consumer.queue_count import timed_count
 from consumer.tools.loadgen import LoadReport, LoadSpec, publish_load
 from consumer.topology import Topology, delete_topology
 from tests.rigs.topology import declare_through
@@ -429,16 +431,6 @@ class Timeline:
         return min(self.points, key=lambda p: abs(p[0] - at))[2]
 
 
-def ready_count(messages: int, consumers: int) -> int | None:
-    """A passive declare's answer as a reading of a shard's ready count, or None: RabbitMQ 3.10
-    answers 0 messages and 0 consumers when the quorum leader took over 250 ms to tell
-    (rabbit_quorum_queue:stat/2 turns its timeout into ``{ok, 0, 0}``), which a node held to
-    its quota does. A 0 while consumers are attached is a drained shard."""
-    if messages == 0 and consumers == 0:
-        return None
-    return messages
-
-
 async def probe(
     cluster: QuotaCluster, url: str, topology: Topology, timeline: Timeline, stop: asyncio.Event
 ) -> None:
@@ -451,11 +443,13 @@ async def probe(
         try:
             if queue not in channels or channels[queue].is_closed:
                 channels[queue] = await connection.channel()
-            declared = await asyncio.wait_for(
-                channels[queue].declare_queue(queue, passive=True), 1.0
-            )
-            result = declared.declaration_result
-            return ready_count(int(result.message_count or 0), int(result.consumer_count or 0))
+            channel = channels[queue]
+
+            async def declare() -> aiormq.spec.Queue.DeclareOk:
+                return (await channel.declare_queue(queue, passive=True)).declaration_result
+
+            # a 0 and 0 its leader answered late is no reading (consumer/queue_count.py)
+            return (await asyncio.wait_for(timed_count(declare), 1.0)).reading()
         except (TimeoutError, aio_pika.exceptions.AMQPError):
             channels.pop(queue, None)
             return None

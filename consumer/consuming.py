@@ -312,13 +312,14 @@ class Consuming:
 
     async def reconcile(
         self,
-        leftovers: Mapping[int, int],
+        leftovers: Mapping[int, int | None],
         gone: frozenset[str] = frozenset(),
         looked_through: aio_pika.abc.AbstractConnection | None = None,
     ) -> None:
         """The queue watch's look at the leftover shards past N that exist now (number ->
-        messages ready): consume a new one, let go of an empty one, consume again one that
-        holds messages again, forget one that is gone (pruned). A routed shard in ``gone``
+        messages ready, None when its leader gave no count): consume a new one, let go of an
+        empty one, consume again one that holds messages again, leave one with no count as it
+        is, forget one that is gone (pruned). A routed shard in ``gone``
         that we hold a consumer on was deleted without the broker's cancel reaching us: go
         round the loop as a cancel would (unless the look went through an older connection,
         which a cancel has already replaced)."""
@@ -352,6 +353,8 @@ class Consuming:
                         channel.on_consumer_cancel_callbacks.add(self._on_cancel)
                     self.by_queue[queue] = channel
                     log.info("consuming leftover shard %s too", queue)
+                if ready is None:
+                    continue  # a late 0 and 0 (consumer/queue_count.py): no count to act on
                 if ready == 0 and queue in self._tags:
                     tag = self._tags.pop(queue)
                     with broker_failures_suppressed():

@@ -60,6 +60,7 @@ from bulk_recorder.infra.broker import cancel_requested
 from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.waits import wait_or_stop
+from consumer.queue_count import QueueCount, timed_count
 from consumer.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,11 @@ class Shards:
 
     topology: Topology
     wanted: Callable[[int], bool]
-    # (leftovers found: number -> messages ready, routed shards found gone, the connection
-    # the look went through)
+    # (leftovers found: number -> messages ready, None when its leader gave no count;
+    # routed shards found gone; the connection the look went through)
     reconcile: Callable[
-        [Mapping[int, int], frozenset[str], aio_pika.abc.AbstractConnection], Awaitable[None]
+        [Mapping[int, int | None], frozenset[str], aio_pika.abc.AbstractConnection],
+        Awaitable[None],
     ]
 
 
@@ -155,7 +157,7 @@ class QueueWatch:
                 self.metrics.shard_messages.labels(queue=queue).set(UNKNOWN)
                 self.metrics.shard_consumers.labels(queue=queue).set(UNKNOWN)
 
-    def _export_shards(self, counts: Mapping[str, tuple[int, int]]) -> None:
+    def _export_shards(self, counts: Mapping[str, tuple[float, float]]) -> None:
         for queue in self._shard_labels - counts.keys():  # pruned since the last look
             self.metrics.shard_messages.remove(queue)
             self.metrics.shard_consumers.remove(queue)
@@ -182,19 +184,19 @@ class QueueWatch:
 
     async def _look_at_shards(
         self, connection: aio_pika.abc.AbstractConnection, shards: Shards
-    ) -> tuple[int, int]:
+    ) -> tuple[float, float]:
         """Every shard consumed, routed ones first, then the leftovers that exist; the sum of
         their ready messages and the fewest consumers on a routed one."""
         topology = shards.topology
-        counts: dict[str, tuple[int, int]] = {}
+        counts: dict[str, tuple[float, float]] = {}
         routed = [k for k in range(1, topology.shards + 1) if shards.wanted(k)]
         gone: set[str] = set()
         for number in routed:
             found = await self._probe(connection, topology.shard_queue(number))
-            counts[topology.shard_queue(number)] = found or (0, 0)
+            counts[topology.shard_queue(number)] = _gauges(found)
             if found is None:
                 gone.add(topology.shard_queue(number))
-        leftovers: dict[int, int] = {}
+        leftovers: dict[int, int | None] = {}
         present: set[int] = set()
         probe_new = self._looks % PROBE_NEW_EVERY == 0
         self._looks += 1
@@ -206,35 +208,49 @@ class QueueWatch:
                 break
             present.add(number)
             if shards.wanted(number):
-                leftovers[number] = found[0]
-                counts[topology.shard_queue(number)] = found
+                leftovers[number] = found.reading()
+                counts[topology.shard_queue(number)] = _gauges(found)
         self._leftovers_known = present
         await shards.reconcile(leftovers, frozenset(gone), connection)
         self._export_shards(counts if topology.shards > 1 or leftovers else {})
         messages = sum(ready for ready, _ in counts.values())
         on_routed = [counts[topology.shard_queue(k)][1] for k in routed]
+        if any(c != c for c in on_routed):  # min() over a NaN depends on the order
+            return messages, UNKNOWN
         return messages, min(on_routed, default=0)
 
     async def _count(
         self, connection: aio_pika.abc.AbstractConnection, name: str
-    ) -> tuple[int, int]:
-        """Messages ready in queue ``name`` and consumers attached to it; 0 and 0 if it is gone."""
-        return await self._probe(connection, name) or (0, 0)
+    ) -> tuple[float, float]:
+        """Messages ready in queue ``name`` and consumers attached to it; 0 and 0 if it is gone,
+        unknown if its leader gave no count."""
+        return _gauges(await self._probe(connection, name))
 
     async def _probe(
         self, connection: aio_pika.abc.AbstractConnection, name: str
-    ) -> tuple[int, int] | None:
+    ) -> QueueCount | None:
         """Messages ready in queue ``name`` and consumers attached to it; None if it is gone."""
         channel = self._channel
         if channel is None or channel.is_closed or self._channel_of is not connection:
             channel = await asyncio.wait_for(connection.channel(), _DECLARE_TIMEOUT_S)
             self._channel, self._channel_of = channel, connection
+        looking = channel
+
+        async def declare() -> aiormq.spec.Queue.DeclareOk:
+            queue = await looking.declare_queue(name, passive=True)
+            return queue.declaration_result
+
         try:
-            queue = await asyncio.wait_for(
-                channel.declare_queue(name, passive=True), _DECLARE_TIMEOUT_S
-            )
+            return await asyncio.wait_for(timed_count(declare), _DECLARE_TIMEOUT_S)
         except aiormq.exceptions.ChannelNotFoundEntity:
             self._channel = None  # the broker closed it with its answer: the queue is gone
             return None
-        declared = queue.declaration_result
-        return declared.message_count or 0, declared.consumer_count or 0
+
+
+def _gauges(found: QueueCount | None) -> tuple[float, float]:
+    """A queue's two gauges: 0 and 0 when it is gone, unknown when its leader gave no count."""
+    if found is None:
+        return 0, 0
+    if not found.counted:
+        return UNKNOWN, UNKNOWN
+    return found.ready, found.consumers

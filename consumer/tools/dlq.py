@@ -152,10 +152,10 @@ async def _survey(
         return None
     groups = Groups(samples)
     async with connection:
-        queue = await open_dlq(settings, connection)
-        if queue is None:
+        opened = await open_dlq(settings, connection)
+        if opened is None:
             return None
-        total = int(queue.declaration_result.message_count or 0)
+        queue, total = opened
         kept = Kept(queue.name)
         try:
             for index in range(total):

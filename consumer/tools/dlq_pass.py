@@ -14,6 +14,11 @@ Past those bounds, and while the pass is giving back, a newcomer goes ahead of t
 given back.
 A pass that takes (discard, replay after a survey) takes by identity, not by count
 (:mod:`consumer.tools.dlq_identity`).
+
+The DLQ is a quorum queue: its counts are read through :mod:`consumer.queue_count`, so that a
+leader too slow to count (RabbitMQ 3.10 answers 0 and 0 then) is never read as an empty DLQ. A
+pass asks again for up to ``DLQ_COUNT_WAIT_S``; with no count by then it reads nothing and says
+so (exit 1).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 from bulk_recorder.infra.broker import BrokerNodes, endpoint, split_urls
 from bulk_recorder.infra.errors import BROKER_ERRORS
 from bulk_recorder.masking import masked
+from consumer.queue_count import STAT_TIMEOUT_S, count_within, timed_count
 from consumer.tools.dlq_groups import Groups, reason_of
 from consumer.tools.dlq_identity import Plan
 from settings import Settings
@@ -53,20 +59,35 @@ POLL_FIRST_S, POLL_MAX_S = 0.001, 0.05  # the ready count is polled with a backo
 # and the command says so. Read when a pass holds, so that a test can set them.
 HOLD_ARRIVALS_MAX = 100_000
 HOLD_ARRIVALS_S = 60.0
+# How long a pass asks the DLQ's count again while its leader answers too late to count.
+DLQ_COUNT_WAIT_S = 5.0
 
 
 async def open_dlq(
     settings: Settings, connection: aio_pika.abc.AbstractConnection
-) -> AbstractQueue | None:
+) -> tuple[AbstractQueue, int] | None:
+    """The DLQ and the messages ready in it; None (said on stderr) if it does not exist or its
+    leader gave no count within ``DLQ_COUNT_WAIT_S``."""
     channel = await connection.channel()
     try:
-        return await channel.declare_queue(settings.dead_letter_queue, passive=True)
+        queue = await channel.declare_queue(settings.dead_letter_queue, passive=True)
     except aiormq.exceptions.ChannelNotFoundEntity:
         print(
             f"bulk-recorder dlq: queue {settings.dead_letter_queue} does not exist",
             file=sys.stderr,
         )
         return None
+    count = await count_within(queue.declare, DLQ_COUNT_WAIT_S)
+    if not count.counted:
+        print(
+            f"bulk-recorder dlq: no count of {queue.name} from its leader: for "
+            f"{DLQ_COUNT_WAIT_S:g} s it answered 0 and 0 after {STAT_TIMEOUT_S:g} s or more, "
+            "RabbitMQ's answer for a leader that does not count in time; nothing was read "
+            "(run it again)",
+            file=sys.stderr,
+        )
+        return None
+    return queue, count.ready
 
 
 async def connect(settings: Settings) -> aio_pika.abc.AbstractConnection | None:
@@ -121,17 +142,19 @@ class Kept:
         self.channel = message.channel
         self.tags.append((index, message.delivery_tag or 0))
 
-    async def _ready(self, channel: aiormq.abc.AbstractChannel) -> int:
-        declared = await channel.queue_declare(self.queue, passive=True)
-        return int(declared.message_count or 0)
+    async def _ready(self, channel: aiormq.abc.AbstractChannel) -> int | None:
+        """The DLQ's ready count; None when its leader answered too late to count."""
+        count = await timed_count(lambda: channel.queue_declare(self.queue, passive=True))
+        return count.reading()
 
     async def _shown_back(self, channel: aiormq.abc.AbstractChannel, before: int, n: int) -> bool:
         """Wait until the ready count shows ``n`` more than ``before``: False once
-        ``GIVE_BACK_WAIT_S`` passed, or if the count fell below ``before`` (someone reads)."""
+        ``GIVE_BACK_WAIT_S`` passed, or if the count fell below ``before`` (someone reads). An
+        answer that is no count is neither: it waits on."""
         loop = asyncio.get_running_loop()
         deadline, pause = loop.time() + GIVE_BACK_WAIT_S, POLL_FIRST_S
-        while (ready := await self._ready(channel)) < before + n:
-            if ready < before or loop.time() > deadline:
+        while (ready := await self._ready(channel)) is None or ready < before + n:
+            if (ready is not None and ready < before) or loop.time() > deadline:
                 return False
             await asyncio.sleep(pause)
             pause = min(2 * pause, POLL_MAX_S)
@@ -148,6 +171,8 @@ class Kept:
                 chunk = tags[start : start + GIVE_BACK_CHUNK]
                 before = await self._ready(channel)  # with the wait given up: the round trip
                 await channel.basic_nack(chunk[-1], multiple=True, requeue=True)
+                if before is None:
+                    continue  # no count to wait from: this batch goes unwaited
                 if waiting and not await self._shown_back(channel, before, len(chunk)):
                     waiting = False  # another client reads the DLQ: no more waits
                     log.warning("another client reads the DLQ; its order is not assured")
@@ -176,7 +201,17 @@ async def hold_arrivals(
             return True
         kept.add(start + held, message)
         held += 1
-    ahead = int((await queue.declare()).message_count or 0)
+    count = await count_within(queue.declare, DLQ_COUNT_WAIT_S)
+    if not count.counted:
+        print(
+            f"bulk-recorder dlq: dead letters arrived while it read the DLQ, and its leader gave "
+            f"no count of what is still ready ({STAT_TIMEOUT_S:g} s or more for 0 and 0, for "
+            f"{DLQ_COUNT_WAIT_S:g} s): it gives {held:,} of them back behind the DLQ's messages; "
+            "the order of the DLQ is not assured (run it again once dead letters stop arriving)",
+            file=sys.stderr,
+        )
+        return False
+    ahead = count.ready
     if ahead:
         why = (
             f"more than the {most:,} it holds" if held == most else f"for longer than {seconds:g} s"
@@ -270,10 +305,10 @@ class Pass:
         if connection is None:
             return False
         async with connection:
-            queue = await open_dlq(settings, connection)
-            if queue is None:
+            opened = await open_dlq(settings, connection)
+            if opened is None:
                 return False
-            self.total = int(queue.declaration_result.message_count or 0)
+            queue, self.total = opened
             self.kept.queue = queue.name
             await self.run(queue, await make_take(connection), limit)
         return True

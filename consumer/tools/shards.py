@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from consumer.arguments import positive_seconds
+from consumer.queue_count import STAT_TIMEOUT_S, QueueCount
 
 # The drivers when the command runs: `bulk-recorder --help` builds this parser.
 if TYPE_CHECKING:
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
     from settings import Settings
 
 PRUNE_POLL_S = 1.0
-# RabbitMQ 3.10 gives a quorum queue's leader this long to count for a passive declare, and
-# answers 0 messages and 0 consumers when it does not (rabbit_quorum_queue:stat/2): a slower
-# answer of 0 and 0 may be that, never "drained".
-STAT_TIMEOUT_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +68,15 @@ class Shard:
             return f"{self.queue} (no count from its leader within {STAT_TIMEOUT_S:g} s)"
         return f"{self.queue} ({self.ready} ready, {self.consumers} consumers)"
 
+    @classmethod
+    def of(cls, number: int, queue: str, routed: bool, count: QueueCount) -> Shard:
+        return cls(number, queue, routed, count.ready, count.consumers, counted=count.counted)
+
     def line(self) -> str:
         route = "routed" if self.routed else "leftover"
         unacked = "-" if self.unacked is None else str(self.unacked)
-        counts = f"{self.ready:>9}  {unacked:>9}  {self.consumers:>9}"
+        ready, consumers = (self.ready, self.consumers) if self.counted else ("?", "?")
+        counts = f"{ready:>9}  {unacked:>9}  {consumers:>9}"
         return f"{self.number:>5}  {self.queue:<40}  {route:<8}  {counts}  {self.leader or '-'}"
 
 
@@ -118,17 +120,19 @@ def cmd_shards(settings: Settings, args: argparse.Namespace) -> int:
     return run_async(shards_prune(settings, wait_s=args.wait or 0.0))
 
 
-async def _look(connection: RawConnection, queue: str) -> tuple[int, int] | None:
+async def _look(connection: RawConnection, queue: str) -> QueueCount | None:
     """Ready messages and consumers of ``queue``; None if it does not exist."""
     import aiormq
 
+    from consumer.queue_count import timed_count
+
     channel = await connection.channel(publisher_confirms=False)
     try:
-        declared = await channel.queue_declare(queue, passive=True)
+        count = await timed_count(lambda: channel.queue_declare(queue, passive=True))
     except aiormq.exceptions.ChannelNotFoundEntity:
         return None
     await channel.close()
-    return int(declared.message_count or 0), int(declared.consumer_count or 0)
+    return count
 
 
 async def look_at_shards(connection: RawConnection, topology: Topology) -> list[Shard]:
@@ -141,7 +145,7 @@ async def look_at_shards(connection: RawConnection, topology: Topology) -> list[
                 break
             continue
         routed = number <= topology.shards
-        shards.append(Shard(number, topology.shard_queue(number), routed, *found))
+        shards.append(Shard.of(number, topology.shard_queue(number), routed, found))
     return shards
 
 
@@ -200,6 +204,14 @@ async def shards_status(
     print(HEADER, file=out)
     for shard in shards:
         print(shard.line(), file=out)
+    late = [s.queue for s in shards if not s.counted]
+    if late:
+        print(
+            f"? no count: the leader of {', '.join(late)} answered 0 and 0 after "
+            f"{STAT_TIMEOUT_S:g} s, RabbitMQ's answer for a leader that did not count in time "
+            "(ask again)",
+            file=out,
+        )
     leftovers = [s for s in shards if not s.routed]
     if leftovers:
         print(
@@ -260,21 +272,12 @@ async def _prune_once(raw: RawConnection, topology: Topology, out: TextIO) -> li
     return []
 
 
-def counted_shard(number: int, queue: str, ready: int, consumers: int, seconds: float) -> Shard:
-    """A leftover shard as a passive declare answered in ``seconds``: 0 and 0 answered after
-    :data:`STAT_TIMEOUT_S` may be RabbitMQ's answer for a leader that did not count in time
-    (a shard still holding records), so it is not counted as drained."""
-    counted = ready > 0 or consumers > 0 or seconds < STAT_TIMEOUT_S
-    return Shard(number, queue, False, ready, consumers, counted=counted)
-
-
 async def _prune_one(
     raw: RawConnection, topology: Topology, number: int, *, unbind: bool
 ) -> Shard | None:
     """Under the route lock: unbind shard ``number``, and delete it if it is drained (None);
     else what it holds."""
-    import time
-
+    from consumer.queue_count import timed_count
     from consumer.topology import route_lock
 
     queue = topology.shard_queue(number)
@@ -282,15 +285,8 @@ async def _prune_one(
         channel = await raw.channel(publisher_confirms=False)
         if unbind:
             await channel.queue_unbind(queue, topology.shard_exchange, routing_key="")
-        asked = time.monotonic()
-        declared = await channel.queue_declare(queue, passive=True)
-        shard = counted_shard(
-            number,
-            queue,
-            int(declared.message_count or 0),
-            int(declared.consumer_count or 0),
-            time.monotonic() - asked,
-        )
+        count = await timed_count(lambda: channel.queue_declare(queue, passive=True))
+        shard = Shard.of(number, queue, False, count)
         if shard.drained:
             await channel.queue_delete(queue)
         await channel.close()

@@ -235,7 +235,7 @@ async def test_two_inspects_at_once_finish_within_the_give_back_bound(
     declares = 0
     original_ready = dlq_pass.Kept._ready
 
-    async def counted(self: dlq_pass.Kept, channel: Any) -> int:
+    async def counted(self: dlq_pass.Kept, channel: Any) -> int | None:
         nonlocal declares
         declares += 1
         return await original_ready(self, channel)
@@ -283,7 +283,7 @@ async def test_inspect_gives_back_within_its_bound_while_another_client_reads_th
     original_ready = dlq_pass.Kept._ready
     giving_back = asyncio.Event()
 
-    async def counted(self: dlq_pass.Kept, channel: Any) -> int:
+    async def counted(self: dlq_pass.Kept, channel: Any) -> int | None:
         nonlocal declares
         declares += 1
         giving_back.set()

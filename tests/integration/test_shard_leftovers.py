@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
@@ -24,17 +23,6 @@ from tests.conftest import Broker, run_cli, settings_env, wait_for
 from tests.integration.producer_support import balances, expected_balances
 
 pytestmark = [pytest.mark.postgres, pytest.mark.rabbitmq]
-
-
-@pytest.fixture
-async def leftover(broker: Broker, topology: Topology) -> AsyncIterator[str]:
-    """``<queue>.shard-2`` with the shard arguments, as a deployment that had 2 shards left it;
-    deleted afterwards (the test topology knows one shard only)."""
-    two = Topology(topology.exchange, topology.queue, topology.delivery_limit, shards=2)
-    name = two.shard_queue(2)
-    await broker.channel.declare_queue(name, durable=True, arguments=two.queue_arguments(2))
-    yield name
-    await broker.channel.queue_delete(name)
 
 
 async def _to_queue(broker: Broker, queue: str, transactions: list[dict[str, Any]]) -> None:

@@ -113,6 +113,7 @@ T_HEALTH = "tests/integration/test_healthcheck.py::"
 T_READY = "tests/integration/test_readiness.py::"
 T_SHARDS = "tests/cluster/test_shards.py::"
 T_LEFTOVERS = "tests/integration/test_shard_leftovers.py::"
+T_LATE = "tests/integration/test_late_counts.py::"
 T_SETTINGS = "tests/unit/test_settings.py::"
 T_TRACE = (
     "tests/integration/test_tracing.py::"
@@ -887,6 +888,8 @@ MUTANTS: tuple[Mutant, ...] = (
             "                before = await self._ready(channel)  # with the wait given up: the"
             " round trip\n"
             "                await channel.basic_nack(chunk[-1], multiple=True, requeue=True)\n"
+            "                if before is None:\n"
+            "                    continue  # no count to wait from: this batch goes unwaited\n"
             "                if waiting and not await self._shown_back("
             "channel, before, len(chunk)):\n"
         ),
@@ -2717,7 +2720,7 @@ MUTANTS: tuple[Mutant, ...] = (
         name="arrivals-past-the-ceiling-unsaid",
         # the ceiling reached and the rest left ahead, silently, exit 0
         path="consumer/tools/dlq_pass.py",
-        old="    ahead = int((await queue.declare()).message_count or 0)\n",
+        old="    ahead = count.ready\n",
         new="    ahead = 0\n",
         promise=DLQ_BY_REASON,
         tests=(T_ARRIVALS + "test_the_hold_stops_at_its_ceiling_and_says_so",),
@@ -3755,15 +3758,59 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="prune-takes-a-late-zero-for-drained",
-        path="consumer/tools/shards.py",
+        path="consumer/queue_count.py",
         old="    counted = ready > 0 or consumers > 0 or seconds < STAT_TIMEOUT_S\n",
         new="    counted = True\n",
         promise=SHARDS,
         tests=(
-            "tests/unit/test_shard_prune_counts.py::"
-            "test_0_and_0_is_drained_only_when_answered_within_the_leaders_250_ms",
+            "tests/unit/test_queue_count.py::"
+            "test_0_and_0_is_a_count_only_when_answered_within_the_leaders_250_ms",
             T_SHARDS + "test_prune_keeps_a_shard_whose_leader_did_not_count_in_time",
         ),
+    ),
+    Mutant(
+        name="dlq-takes-a-late-zero-for-an-empty-dlq",
+        path="consumer/tools/dlq_pass.py",
+        old="    if not count.counted:\n"
+        "        print(\n"
+        '            f"bulk-recorder dlq: no count of',
+        new='    if False:\n        print(\n            f"bulk-recorder dlq: no count of',
+        promise=DLQ_BY_REASON,
+        tests=(T_LATE + "test_dlq_inspect_takes_no_count_for_no_count_not_for_an_empty_dlq",),
+    ),
+    Mutant(
+        name="queue-watch-exports-a-late-zero",
+        path="consumer/queue_watch.py",
+        old="    if not found.counted:\n        return UNKNOWN, UNKNOWN\n",
+        new="",
+        promise="Operable",
+        tests=(T_LATE + "test_the_queue_watch_exports_unknown_not_0_for_no_count",),
+    ),
+    Mutant(
+        name="queue-watch-tells-a-late-zero-leftover-empty",
+        path="consumer/queue_watch.py",
+        old="                leftovers[number] = found.reading()\n",
+        new="                leftovers[number] = found.ready\n",
+        promise=SHARDS,
+        tests=(T_LATE + "test_the_queue_watch_tells_no_count_of_a_leftover_not_0",),
+    ),
+    Mutant(
+        name="leftover-let-go-on-no-count",
+        path="consumer/consuming.py",
+        old="                if ready is None:\n                    continue",
+        new="                if ready is None:\n                    pass",
+        promise=SHARDS,
+        tests=(
+            "tests/unit/test_consuming_gone.py::test_a_leftover_with_no_count_is_left_as_it_is",
+        ),
+    ),
+    Mutant(
+        name="shards-status-shows-a-late-zero-as-a-count",
+        path="consumer/tools/shards.py",
+        old='if self.counted else ("?", "?")',
+        new='if True else ("?", "?")',
+        promise=SHARDS,
+        tests=(T_LATE + "test_shards_status_shows_no_count_as_a_question_mark_and_says_why",),
     ),
     Mutant(
         name="cancel-of-a-routed-shard-taken-for-a-pruned-leftover",

@@ -8,7 +8,7 @@ tests/faults/test_queue_deleted.py."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bulk_recorder.infra.broker import BrokerNodes
@@ -74,3 +74,41 @@ async def test_nothing_gone_changes_nothing() -> None:
     await consuming.reconcile({}, frozenset(), now)  # type: ignore[arg-type]
     assert lost == []
     assert consuming._tags == held
+
+
+@dataclass
+class _Channel:
+    is_closed: bool = False
+    cancelled: list[str] = field(default_factory=list)
+
+    async def basic_cancel(self, tag: str) -> None:
+        self.cancelled.append(tag)
+
+
+LEFTOVER = f"{QUEUE}.shard-2"
+
+
+async def test_a_leftover_with_no_count_is_left_as_it_is() -> None:
+    """The queue watch reports a leftover shard whose leader answered too late to count as
+    None (consumer/queue_count.py): its consumer stays, nothing is let go. The real slow leader
+    is tests/integration/test_late_counts.py."""
+    now, channel = _Connection(), _Channel()
+    consuming, lost = _consuming(now, {LEFTOVER: "ctag-4"})
+    consuming.by_queue = {LEFTOVER: channel}  # type: ignore[dict-item]
+    started: list[set[str]] = []
+
+    async def start() -> None:  # what basic.consume would skip: the let-go shards
+        started.append(set(consuming._let_go))
+
+    consuming.start = start  # type: ignore[method-assign]
+    await consuming.reconcile({2: None}, frozenset(), now)  # type: ignore[arg-type]
+    assert channel.cancelled == []
+    assert consuming._tags == {LEFTOVER: "ctag-4"}
+    assert LEFTOVER not in consuming._let_go
+    await consuming.reconcile({2: 0}, frozenset(), now)  # type: ignore[arg-type]
+    assert channel.cancelled == ["ctag-4"]  # counted empty: let go
+    assert LEFTOVER in consuming._let_go
+    await consuming.reconcile({2: None}, frozenset(), now)  # type: ignore[arg-type]
+    assert LEFTOVER in consuming._let_go  # no count: still let go, not consumed again
+    assert started == [set(), {LEFTOVER}, {LEFTOVER}]
+    assert lost == []

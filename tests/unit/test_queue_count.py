@@ -94,3 +94,9 @@ async def test_count_within_gives_up_after_its_time_with_no_count() -> None:
     count = await count_within(declare, 0.5, pause_s=0.0)
     assert not count.counted
     assert declare.asked == 2  # 0.26 s, then 0.52 s: past 0.5 s, no third ask
+
+
+def test_the_dlq_commands_ask_for_5_s_as_docs_reference_md_says() -> None:
+    from consumer.tools.dlq_pass import DLQ_COUNT_WAIT_S
+
+    assert DLQ_COUNT_WAIT_S == 5.0

@@ -85,3 +85,25 @@ async def count_within(
         if count.counted or time.monotonic() >= deadline:
             return count
         await asyncio.sleep(pause_s)
+
+
+async def consumers_below(
+    declare: Callable[[], Awaitable[DeclareAnswer]],
+    bound: int,
+    seconds: float,
+    pause_s: float = 0.005,
+    most_pause_s: float = 0.05,
+) -> bool:
+    """Ask again until a count shows fewer than ``bound`` consumers: True; False once ``seconds``
+    passed without one. The pause between asks doubles from ``pause_s`` to ``most_pause_s``."""
+    import asyncio
+
+    deadline = time.monotonic() + seconds
+    while True:
+        count = await timed_count(declare)
+        if count.counted and count.consumers < bound:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(pause_s)
+        pause_s = min(2 * pause_s, most_pause_s)

@@ -129,16 +129,16 @@ class QueueWatch:
             except BROKER_ERRORS as exc:
                 log.debug("queue %s not looked at: %r", self.queue, exc)
                 self._channel = None
-                self._export(UNKNOWN, UNKNOWN, UNKNOWN)
+                self._unknown()
             except asyncio.CancelledError:
                 if cancel_requested():
                     raise
                 self._channel = None  # aiormq gave up on the connection under us
-                self._export(UNKNOWN, UNKNOWN, UNKNOWN)
+                self._unknown()
             except Exception:  # stale gauges would hide a stuck queue: log, keep going
                 log.exception("looking at queue %s failed unexpectedly", self.queue)
                 self._channel = None
-                self._export(UNKNOWN, UNKNOWN, UNKNOWN)
+                self._unknown()
             await wait_or_stop(stop, self.interval_s)
 
     def note_deliveries(self) -> None:
@@ -152,10 +152,14 @@ class QueueWatch:
         self.metrics.queue_messages.set(messages)
         self.metrics.queue_consumers.set(consumers)
         self.metrics.dlq_messages.set(dead_letters)
-        if messages != messages:  # unknown: so is every shard's
-            for queue in self._shard_labels:
-                self.metrics.shard_messages.labels(queue=queue).set(UNKNOWN)
-                self.metrics.shard_consumers.labels(queue=queue).set(UNKNOWN)
+
+    def _unknown(self) -> None:
+        """No look made: every gauge unknown, every shard's too. (A look that got no count of
+        one shard leaves the others' counts: only that one's, and the sum, are unknown.)"""
+        self._export(UNKNOWN, UNKNOWN, UNKNOWN)
+        for queue in self._shard_labels:
+            self.metrics.shard_messages.labels(queue=queue).set(UNKNOWN)
+            self.metrics.shard_consumers.labels(queue=queue).set(UNKNOWN)
 
     def _export_shards(self, counts: Mapping[str, tuple[float, float]]) -> None:
         for queue in self._shard_labels - counts.keys():  # pruned since the last look
@@ -172,7 +176,7 @@ class QueueWatch:
         consumers; a DLQ that does not exist, 0 messages."""
         connection = self._connection()
         if connection is None or connection.is_closed:
-            self._export(UNKNOWN, UNKNOWN, UNKNOWN)
+            self._unknown()
             return False
         if self.shards is None:
             messages, consumers = await self._count(connection, self.queue)

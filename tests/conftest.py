@@ -7,6 +7,7 @@ the defaults); where they are not and a Docker engine exists, testcontainers sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -466,3 +467,31 @@ async def lock_log_server(tmp_path: Path) -> AsyncIterator[Any]:
         yield server
     finally:
         await asyncio.to_thread(server.stop)
+
+
+def _raft_server(queue: str) -> str:
+    """The Erlang expression of ``queue``'s Raft server (its registered name) on its node."""
+    lookup = f'rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>))'
+    return f"element(1, amqqueue:get_pid(element(2, {lookup})))"
+
+
+def rabbitmq_eval(expression: str) -> str:
+    """``rabbitmqctl eval EXPRESSION`` on the local broker's node; what it printed."""
+    done = subprocess.run(
+        ["rabbitmqctl", "eval", expression], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip()
+
+
+@contextlib.asynccontextmanager
+async def leader_suspended(queue: str) -> AsyncIterator[None]:
+    """The Raft server of quorum queue ``queue`` on the local broker suspended (``sys:suspend``
+    through ``rabbitmqctl eval``: that queue's process only, the node runs on), resumed at the
+    end: a leader that answers nothing, as a busy node's is late. RabbitMQ 3.10 then answers a
+    passive declare with 0 and 0 after 250 ms (consumer/queue_count.py)."""
+    assert await asyncio.to_thread(rabbitmq_eval, f"sys:suspend({_raft_server(queue)}).") == "ok"
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(rabbitmq_eval, f"catch sys:resume({_raft_server(queue)}).")

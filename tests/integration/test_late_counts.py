@@ -15,11 +15,9 @@ tests/cluster/test_shards.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import math
-import subprocess
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
 import aio_pika
 import pytest
@@ -29,34 +27,11 @@ from consumer.queue_watch import QueueWatch, Shards
 from consumer.tools import dlq_pass
 from consumer.tools.dlq import inspect_dlq
 from consumer.topology import Topology
-from tests.conftest import Broker, run_cli, settings_env, wait_for
+from tests.conftest import Broker, leader_suspended, run_cli, settings_env, wait_for
 
 pytestmark = [pytest.mark.rabbitmq]
 
 HELD = 3
-
-
-def _server(queue: str) -> str:
-    """The Erlang expression of ``queue``'s Raft server (its registered name) on its node."""
-    lookup = f'rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>))'
-    return f"element(1, amqqueue:get_pid(element(2, {lookup})))"
-
-
-def _eval(expression: str) -> str:
-    done = subprocess.run(
-        ["rabbitmqctl", "eval", expression], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.strip()
-
-
-@contextlib.asynccontextmanager
-async def leader_suspended(queue: str) -> AsyncIterator[None]:
-    assert await asyncio.to_thread(_eval, f"sys:suspend({_server(queue)}).") == "ok"
-    try:
-        yield
-    finally:
-        await asyncio.to_thread(_eval, f"catch sys:resume({_server(queue)}).")
 
 
 async def _hold(broker: Broker, queue: str) -> None:
@@ -138,10 +113,23 @@ async def test_the_queue_watch_tells_no_count_of_a_leftover_not_0(
         watch = QueueWatch(metrics, topology.queue, lambda: connection, shards=shards)
         async with leader_suspended(leftover):
             assert await watch.look()
+            # that shard's gauges are unknown, and the sum with them; the other's are counted
+            ready = {q: _shard_gauge(metrics, q) for q in (topology.queue, leftover)}
+            assert ready[topology.queue] == 0, ready
+            assert math.isnan(ready[leftover]), ready
+            total = metrics.registry.get_sample_value("bulk_recorder_queue_messages")
+            assert math.isnan(total if total is not None else 0.0), total
         assert await watch.look()
+        assert _shard_gauge(metrics, leftover) == HELD
     finally:
         await connection.close()
     assert told == [{2: None}, {2: HELD}]
+
+
+def _shard_gauge(metrics: Metrics, queue: str) -> float:
+    value = metrics.registry.get_sample_value("bulk_recorder_shard_messages", {"queue": queue})
+    assert value is not None, queue
+    return value
 
 
 async def test_shards_status_shows_no_count_as_a_question_mark_and_says_why(

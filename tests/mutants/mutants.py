@@ -114,6 +114,7 @@ T_READY = "tests/integration/test_readiness.py::"
 T_SHARDS = "tests/cluster/test_shards.py::"
 T_LEFTOVERS = "tests/integration/test_shard_leftovers.py::"
 T_LATE = "tests/integration/test_late_counts.py::"
+T_LEAN = "tests/faults/test_lean_acks.py::"
 T_SETTINGS = "tests/unit/test_settings.py::"
 T_TRACE = (
     "tests/integration/test_tracing.py::"
@@ -797,11 +798,35 @@ MUTANTS: tuple[Mutant, ...] = (
         new="        if False:\n"
         "            with broker_failures_suppressed(), contextlib.suppress(TimeoutError):",
         promise=SHUTDOWN,
-        tests=(
-            "tests/faults/test_lean_acks.py::"
-            "test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue",
-        ),
+        tests=(T_LEAN + "test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue",),
         fast=True,
+    ),
+    Mutant(
+        name="close-lingers-instead-of-waiting-for-the-acks",
+        path="consumer/consuming.py",
+        old="                    await self._last_acks_applied(shard_channels)\n",
+        new="                    await asyncio.sleep(LAST_ACKS_LINGER_S)\n",
+        promise=SHUTDOWN,
+        tests=(T_LEAN + "test_acks_the_queue_applies_late_are_waited_for",),
+    ),
+    Mutant(
+        name="stop-cancels-without-the-count-the-close-waits-on",
+        path="consumer/consuming.py",
+        old="                        if for_good:  # what the close waits to see fall",
+        new="                        if False:  # what the close waits to see fall",
+        promise=SHUTDOWN,
+        tests=(T_LEAN + "test_acks_the_queue_applies_late_are_waited_for",),
+    ),
+    Mutant(
+        name="acks-taken-for-applied-at-the-same-consumer-count",
+        path="consumer/queue_count.py",
+        old="        if count.counted and count.consumers < bound:\n",
+        new="        if count.counted and count.consumers <= bound:\n",
+        promise=SHUTDOWN,
+        tests=(
+            "tests/unit/test_queue_count.py::test_consumers_below_its_bound_and_only_below_it",
+            T_LEAN + "test_acks_the_queue_applies_late_are_waited_for",
+        ),
     ),
     Mutant(
         name="stall-measured-over-a-quiet-queue",
@@ -3791,6 +3816,18 @@ MUTANTS: tuple[Mutant, ...] = (
         path="consumer/queue_watch.py",
         old="                leftovers[number] = found.reading()\n",
         new="                leftovers[number] = found.ready\n",
+        promise=SHARDS,
+        tests=(T_LATE + "test_the_queue_watch_tells_no_count_of_a_leftover_not_0",),
+    ),
+    Mutant(
+        name="queue-watch-one-late-shard-blanks-the-others",
+        path="consumer/queue_watch.py",
+        old="        self.metrics.dlq_messages.set(dead_letters)\n\n    def _unknown",
+        new="        self.metrics.dlq_messages.set(dead_letters)\n"
+        "        if messages != messages:\n"
+        "            for queue in self._shard_labels:\n"
+        "                self.metrics.shard_messages.labels(queue=queue).set(UNKNOWN)\n"
+        "\n    def _unknown",
         promise=SHARDS,
         tests=(T_LATE + "test_the_queue_watch_tells_no_count_of_a_leftover_not_0",),
     ),

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from consumer.queue_count import STAT_TIMEOUT_S, QueueCount, answered, count_within, timed_count
+from consumer.queue_count import (
+    STAT_TIMEOUT_S,
+    QueueCount,
+    answered,
+    consumers_below,
+    count_within,
+    timed_count,
+)
 from consumer.tools.shards import Shard
 
 pytestmark = pytest.mark.private
@@ -100,3 +107,26 @@ def test_the_dlq_commands_ask_for_5_s_as_docs_reference_md_says() -> None:
     from consumer.tools.dlq_pass import DLQ_COUNT_WAIT_S
 
     assert DLQ_COUNT_WAIT_S == 5.0
+
+
+@pytest.mark.parametrize(("consumers", "below"), [(1, True), (2, False), (3, False)])
+async def test_consumers_below_its_bound_and_only_below_it(consumers: int, below: bool) -> None:
+    """N-1, N, N+1 against a bound of 2: only fewer than the bound ends the wait."""
+    declare = SlowDeclare((0.0, 0, consumers))
+    assert await consumers_below(declare, 2, 0.05, pause_s=0.0) is below
+    assert declare.asked == 1 if below else declare.asked > 1
+
+
+async def test_consumers_below_skips_what_is_no_count() -> None:
+    """A late 0 and 0 is not 0 consumers: the wait goes on to the next real count."""
+    declare = SlowDeclare((STAT_TIMEOUT_S + 0.01, 0, 0), (0.0, 5, 1))
+    assert await consumers_below(declare, 2, 5.0, pause_s=0.0)
+    assert declare.asked == 2
+    declare = SlowDeclare((STAT_TIMEOUT_S + 0.01, 0, 0))
+    assert not await consumers_below(declare, 2, 0.3, pause_s=0.0)
+
+
+def test_the_close_waits_5_s_at_most_for_its_acks_to_be_applied() -> None:
+    from consumer.consuming import LAST_ACKS_LINGER_S, LAST_ACKS_WAIT_S
+
+    assert (LAST_ACKS_WAIT_S, LAST_ACKS_LINGER_S) == (5.0, 0.2)

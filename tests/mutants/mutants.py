@@ -802,6 +802,17 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        name="rig-keeps-a-stale-partition-record",
+        path="tests/partitions/conftest.py",
+        old="                reset.check(nodes, partitions if view[0] == expected else {})\n",
+        new="                reset.check(nodes, {})\n",
+        promise=NETWORK_PARTITIONS,
+        tests=(
+            "tests/partitions/test_rig.py::"
+            "test_a_partition_still_recorded_while_every_node_runs_is_cleared",
+        ),
+    ),
+    Mutant(
         name="close-lingers-instead-of-waiting-for-the-acks",
         path="consumer/consuming.py",
         old="                    await self._last_acks_applied(shard_channels)\n",

@@ -798,7 +798,12 @@ MUTANTS: tuple[Mutant, ...] = (
         new="        if False:\n"
         "            with broker_failures_suppressed(), contextlib.suppress(TimeoutError):",
         promise=SHUTDOWN,
-        tests=(T_LEAN + "test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue",),
+        tests=(
+            # the rounds catch it only when the broker is slow to apply (a race); the suspended
+            # leader, every time
+            T_LEAN + "test_acks_the_queue_applies_late_are_waited_for",
+            T_LEAN + "test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue",
+        ),
         fast=True,
     ),
     Mutant(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -48,25 +47,10 @@ from bulk_recorder.infra.broker import BrokerNodes, TopologyMismatch, broker_fai
 from bulk_recorder.infra.metrics import Metrics
 from bulk_recorder.infra.reconnect import Session, keep_connected
 from bulk_recorder.infra.stop_budget import CLOSE_OK_S, Deadline
-from consumer.queue_count import consumers_below, timed_count
+from consumer.last_acks import consumers_with_ours, wait_applied
 from consumer.topology import Topology, declare_or_mismatch, existing_leftovers
 
 log = logging.getLogger(__name__)
-
-# An orderly stop lets the broker apply its last acks before closing. AMQP 0-9-1 has no ack
-# confirmation, and a quorum queue's channel (RabbitMQ 3.10, rabbit_fifo_client) holds back
-# settles once 32 of its commands are unapplied, sends them as those are applied (about a
-# millisecond on a quiet broker), and drops what it still holds when the channel ends: an ack
-# lost after a release leaves its message twice in the queue. Measured: 217 of 250 acks written
-# just before a close were lost; none after a round trip and a 0.2 s linger on a quiet machine,
-# and 217 again with that linger in a make mutants run (a loaded broker). So the close waits for
-# the sign that they are applied: a quorum queue keeps a cancelled consumer while it holds
-# unacked deliveries of it, so the queue's consumer count falls below the count the stop read
-# just before its cancel once the acks are applied. It waits up to LAST_ACKS_WAIT_S (another
-# recorder starting meanwhile keeps the count up), within the stop budget; a channel whose
-# count the stop could not read lingers LAST_ACKS_LINGER_S, as before.
-LAST_ACKS_WAIT_S = 5.0
-LAST_ACKS_LINGER_S = 0.2
 
 # Runs in the channel's reader, once per delivery, without a task of its own (deliver_inline):
 # it must not block; what may wait (a dead letter) it starts as a task itself.
@@ -318,14 +302,11 @@ class Consuming:
                 channel = self.by_queue.get(queue)
                 if channel is not None and not channel.is_closed:
                     with broker_failures_suppressed():
-                        if for_good:  # what the close waits to see fall (LAST_ACKS_WAIT_S)
-                            await self._count_with_ours(channel, queue)
+                        if for_good:  # what the close waits to see fall (last_acks.py)
+                            with_ours = await consumers_with_ours(channel, queue)
+                            if with_ours is not None:
+                                self._with_ours[queue] = with_ours
                         await channel.basic_cancel(tag)
-
-    async def _count_with_ours(self, channel: AbstractChannel, queue: str) -> None:
-        count = await timed_count(lambda: channel.queue_declare(queue, passive=True))
-        if count.counted and count.consumers > 0:
-            self._with_ours[queue] = count.consumers
 
     async def reconcile(
         self,
@@ -382,34 +363,12 @@ class Consuming:
                     self._let_go.discard(queue)
         await self.start()
 
-    async def _last_acks_applied(self, channels: list[AbstractChannel]) -> None:
-        """Until each queue the stop cancelled on shows our consumer gone (its acks applied),
-        :data:`LAST_ACKS_WAIT_S` at most; :data:`LAST_ACKS_LINGER_S` for a channel without
-        that count."""
-        counted: set[int] = set()
-        for queue, with_ours in self._with_ours.items():
-            channel = self.by_queue.get(queue)
-            if channel is None or channel.is_closed:
-                continue
-            counted.add(id(channel))
-            declare = functools.partial(channel.queue_declare, queue, passive=True)
-            if not await consumers_below(declare, with_ours, LAST_ACKS_WAIT_S):
-                log.warning(
-                    "%s still counted %d consumers %g s after our cancel and acks: closing; "
-                    "an ack it had not applied yet comes back as a redelivery",
-                    queue,
-                    with_ours,
-                    LAST_ACKS_WAIT_S,
-                )
-        if any(id(c) not in counted and not c.is_closed for c in channels):
-            await asyncio.sleep(LAST_ACKS_LINGER_S)
-
     async def close(self, deadline: Deadline, *, then_s: float = 0.0) -> None:
         """Close the connection a stop left open, once the broker has had the final acks.
 
         First one round trip on the consuming channel (a Basic.Qos that changes nothing: its
         reply comes after the broker's channel has handled every ack written before it), then
-        the wait for the queue to apply them (:data:`LAST_ACKS_WAIT_S`), then the close (which
+        the wait for the queue to apply them (:mod:`consumer.last_acks`), then the close (which
         still writes every frame queued before it); all within what is left of the stop budget
         less ``then_s`` (the steps after this one).
         """
@@ -423,6 +382,6 @@ class Consuming:
                     for channel in shard_channels:  # acks are per channel: a round trip on each
                         if not channel.is_closed:
                             await channel.basic_qos(prefetch_count=self.prefetch)
-                    await self._last_acks_applied(shard_channels)
+                    await wait_applied(self.by_queue, self._with_ours, shard_channels)
         with broker_failures_suppressed(), contextlib.suppress(TimeoutError):
             await close_connection(self.connection, deadline.left(reserve))

@@ -820,8 +820,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="close-lingers-instead-of-waiting-for-the-acks",
         path="consumer/consuming.py",
-        old="                    await self._last_acks_applied(shard_channels)\n",
-        new="                    await asyncio.sleep(LAST_ACKS_LINGER_S)\n",
+        old="                    await wait_applied("
+        "self.by_queue, self._with_ours, shard_channels)\n",
+        new="                    await asyncio.sleep(0.2)\n",  # the linger it had
         promise=SHUTDOWN,
         tests=(T_LEAN + "test_acks_the_queue_applies_late_are_waited_for",),
     ),

@@ -127,6 +127,6 @@ async def test_consumers_below_skips_what_is_no_count() -> None:
 
 
 def test_the_close_waits_5_s_at_most_for_its_acks_to_be_applied() -> None:
-    from consumer.consuming import LAST_ACKS_LINGER_S, LAST_ACKS_WAIT_S
+    from consumer.last_acks import LAST_ACKS_LINGER_S, LAST_ACKS_WAIT_S
 
     assert (LAST_ACKS_WAIT_S, LAST_ACKS_LINGER_S) == (5.0, 0.2)

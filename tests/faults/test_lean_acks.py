@@ -11,8 +11,9 @@ the Close-Ok, on a channel that no longer exists, and the broker closes the WHOL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import aio_pika
@@ -166,43 +167,11 @@ async def test_the_last_acks_before_our_own_close_are_applied_by_a_quorum_queue(
     orderly stop writes a batch's or a release's, can be lost even though they reached the
     broker. The recorder's close must leave the broker the time to apply them: every acked
     message is gone from the queue, in every round."""
-    queue = f"brtest.lean.{uuid.uuid4().hex[:10]}"
-    count = 250
-    async with aiormq.connect(services.rabbitmq_url) as setup_connection:
-        setup = await setup_connection.channel()
-        await setup.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
-        await asyncio.gather(*(setup.basic_publish(b"x", routing_key=queue) for _ in range(count)))
-    connection = await aio_pika.connect(services.rabbitmq_url)
-    consuming = RecorderConsuming(
-        BrokerNodes.from_setting(services.rabbitmq_url),
-        Topology(exchange="unused", queue=queue, delivery_limit=5),
-        Metrics(),
-        prefetch=count,
-        on_message=_ignore,
-        paused=lambda: False,
-        drop_channel=lambda channel: None,
-    )
-    try:
-        channel = await (await connection.channel(publisher_confirms=False)).get_underlay_channel()
-        await channel.basic_qos(prefetch_count=count)
-        delivered: list[aiormq.abc.DeliveredMessage] = []
-
-        async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
-            delivered.append(message)
-
-        ok = await channel.basic_consume(queue, on_message)
-        await wait_for(lambda: len(delivered) == count)
-        assert ok.consumer_tag is not None
-        consuming.connection, consuming.channel = connection, channel
-        consuming.by_queue, consuming._tags = {queue: channel}, {queue: str(ok.consumer_tag)}
-        await consuming.stop(for_good=True)  # the recorder's stop: intake off, then the flush
-        unused = DeadLetterer.__new__(DeadLetterer)  # never called: nothing is dead-lettered
-        assert await ack_each([AmqpDelivery(channel, m, unused) for m in delivered]) == count
+    async with _stopped_holding(services) as (queue, consuming, ack_all):
+        assert await ack_all() == HELD
         await consuming.close(StopBudget("consume", (("close", 30.0),)).deadline())
-    finally:
-        await connection.close()
     left = await _back_in_the_queue(services.rabbitmq_url, queue)
-    assert left == 0, f"{left} of {count} acked deliveries went back to the queue"
+    assert left == 0, f"{left} of {HELD} acked deliveries went back to the queue"
 
 
 async def test_acks_the_queue_applies_late_are_waited_for(
@@ -216,47 +185,15 @@ async def test_acks_the_queue_applies_late_are_waited_for(
     for the queue to apply them, until its stop budget: until the stop's cancelled consumer,
     which a quorum queue keeps while it holds unacked deliveries, is gone from the queue's
     consumer count."""
-    queue = f"brtest.lean.{uuid.uuid4().hex[:10]}"
-    count = 250
-    async with aiormq.connect(services.rabbitmq_url) as setup_connection:
-        setup = await setup_connection.channel()
-        await setup.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
-        await asyncio.gather(*(setup.basic_publish(b"x", routing_key=queue) for _ in range(count)))
-    connection = await aio_pika.connect(services.rabbitmq_url)
-    consuming = RecorderConsuming(
-        BrokerNodes.from_setting(services.rabbitmq_url),
-        Topology(exchange="unused", queue=queue, delivery_limit=5),
-        Metrics(),
-        prefetch=count,
-        on_message=_ignore,
-        paused=lambda: False,
-        drop_channel=lambda channel: None,
-    )
-    try:
-        channel = await (await connection.channel(publisher_confirms=False)).get_underlay_channel()
-        await channel.basic_qos(prefetch_count=count)
-        delivered: list[aiormq.abc.DeliveredMessage] = []
-
-        async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
-            delivered.append(message)
-
-        ok = await channel.basic_consume(queue, on_message)
-        await wait_for(lambda: len(delivered) == count)
-        assert ok.consumer_tag is not None
-        consuming.connection, consuming.channel = connection, channel
-        consuming.by_queue, consuming._tags = {queue: channel}, {queue: str(ok.consumer_tag)}
-        await consuming.stop(for_good=True)  # the recorder's stop: intake off, then the flush
-        unused = DeadLetterer.__new__(DeadLetterer)  # never called: nothing is dead-lettered
+    async with _stopped_holding(services) as (queue, consuming, ack_all):
         async with leader_suspended(queue):
-            assert await ack_each([AmqpDelivery(channel, m, unused) for m in delivered]) == count
+            assert await ack_all() == HELD
             budget = StopBudget("consume", (("close", 30.0),)).deadline()
             closing = asyncio.ensure_future(consuming.close(budget))
             await asyncio.wait([closing], timeout=2.0)
         await closing
-    finally:
-        await connection.close()
     left = await _back_in_the_queue(services.rabbitmq_url, queue)
-    assert left == 0, f"{left} of {count} acked deliveries went back to the queue"
+    assert left == 0, f"{left} of {HELD} acked deliveries went back to the queue"
 
 
 def _ignore(message: aiormq.abc.DeliveredMessage) -> None:
@@ -277,3 +214,53 @@ async def _back_in_the_queue(url: str, queue: str) -> int:
         assert left is not None
         await check.queue_delete(queue)
     return left
+
+
+HELD = 250  # deliveries the stopped consumer holds
+
+
+@contextlib.asynccontextmanager
+async def _stopped_holding(
+    services: Services,
+) -> AsyncIterator[tuple[str, RecorderConsuming, Callable[[], Awaitable[int]]]]:
+    """A new quorum queue whose ``HELD`` messages the recorder's consuming side holds unacked
+    after its stop (intake off, as before the flush): the queue, the consuming side, and what
+    acks every delivery. Its connection is closed at the end."""
+    queue = f"brtest.lean.{uuid.uuid4().hex[:10]}"
+    count = HELD
+    async with aiormq.connect(services.rabbitmq_url) as setup_connection:
+        setup = await setup_connection.channel()
+        await setup.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        await asyncio.gather(*(setup.basic_publish(b"x", routing_key=queue) for _ in range(count)))
+    connection = await aio_pika.connect(services.rabbitmq_url)
+    consuming = RecorderConsuming(
+        BrokerNodes.from_setting(services.rabbitmq_url),
+        Topology(exchange="unused", queue=queue, delivery_limit=5),
+        Metrics(),
+        prefetch=count,
+        on_message=_ignore,
+        paused=lambda: False,
+        drop_channel=lambda channel: None,
+    )
+    try:
+        channel = await (await connection.channel(publisher_confirms=False)).get_underlay_channel()
+        await channel.basic_qos(prefetch_count=count)
+        delivered: list[aiormq.abc.DeliveredMessage] = []
+
+        async def on_message(message: aiormq.abc.DeliveredMessage) -> None:
+            delivered.append(message)
+
+        ok = await channel.basic_consume(queue, on_message)
+        await wait_for(lambda: len(delivered) == count)
+        assert ok.consumer_tag is not None
+        consuming.connection, consuming.channel = connection, channel
+        consuming.by_queue, consuming._tags = {queue: channel}, {queue: str(ok.consumer_tag)}
+        await consuming.stop(for_good=True)  # the recorder's stop: intake off, then the flush
+        unused = DeadLetterer.__new__(DeadLetterer)  # never called: nothing is dead-lettered
+
+        async def ack_all() -> int:
+            return await ack_each([AmqpDelivery(channel, m, unused) for m in delivered])
+
+        yield queue, consuming, ack_all
+    finally:
+        await connection.close()

@@ -87,8 +87,9 @@ release: $(STAMP)
 # TEST_JOBS workers side by side (pytest-xdist; most tests only wait on the services, each with
 # its own database and queues; each rig's tests share one worker), then the tests marked
 # `exclusive` (they fault something every test shares or time themselves; a fixed port is a
-# `fixed_ports` lock of its own)
-# one at a time with nothing beside them (tests/suite_lock.py). Then two fast mutants (a
+# `fixed_ports` lock of its own) with no other test beside them: in two lanes, the cluster
+# rig's tests on one and every other exclusive test on the other, one at a time each
+# (tests/suite_lock.py). Then two fast mutants (a
 # different pair each day) that the tests named for their promise must still kill.
 # JUNIT=/tmp/suite writes /tmp/suite-side-by-side.xml and /tmp/suite-alone.xml
 # (python -m tests.durations reads both).
@@ -96,7 +97,7 @@ TEST_JOBS ?= 4
 JUNIT ?=
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 SIDE_BY_SIDE = -n $(TEST_JOBS) --dist loadgroup -m "not exclusive" $(if $(JUNIT),--junitxml=$(JUNIT)-side-by-side.xml)
-ALONE = -m exclusive $(if $(JUNIT),--junitxml=$(JUNIT)-alone.xml)
+ALONE = -n 2 --dist loadgroup -m exclusive $(if $(JUNIT),--junitxml=$(JUNIT)-alone.xml)
 test: system-tools node-clients lint
 	$(PYTEST) $(SIDE_BY_SIDE)
 	$(PYTEST) $(ALONE)

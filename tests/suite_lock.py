@@ -8,7 +8,9 @@ run with no other test of the shared services at the same time. A test that bind
 (a role's default) needs only that no other test binds it meanwhile: ``fixed_ports``.
 
 - A test marked ``exclusive`` holds the lock exclusively, from before its setup to after its
-  teardown.
+  teardown. Run alone on workers (``-n 2 --dist loadgroup -m exclusive``, `make test`'s second
+  phase), the run's main process holds it exclusively for the whole run instead, and the tests
+  go in lanes: each rig's on one worker, the rest on one more.
 - A test marked ``private`` touches nothing shared (pure logic, files, its own servers on ports
   of their own) and holds nothing.
 - Every other test holds the lock shared.
@@ -169,13 +171,30 @@ def xdist_group_of(nodeid: str) -> str | None:
     return None
 
 
+# The exclusive phase (``-m exclusive``) in lanes: each rig's tests on one worker, every other
+# test on one more, one after the other. The tests time themselves; a lane's test has only the
+# other lanes' tests beside it (a rig's failover next to one stop, say), never the whole
+# suite's load. Two lanes took the phase from 200 s to 120 s; a third lane (two of the other
+# tests at once beside the rig's) failed a stop budget by its margin.
+EXCLUSIVE_LANE = "exclusive-lane"
+
+
+def exclusive_phase(config: pytest.Config) -> bool:
+    """The run selects the tests marked exclusive and no other."""
+    return str(config.getoption("markexpr")).strip() == "exclusive"
+
+
 class SuiteGroups(LoadGroupScheduling):  # type: ignore[misc]  # xdist has no types
     """xdist's ``loadgroup`` with the groups taken from the test's path. (xdist reads an
     ``xdist_group`` mark by renaming the item, which pytest 9 no longer lets it do: a marked
-    test would run on any worker.)"""
+    test would run on any worker.) In the exclusive phase every test is in a group: its rig's,
+    or the one lane of the others."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return xdist_group_of(nodeid) or super()._split_scope(nodeid)
+        group = xdist_group_of(nodeid)
+        if group is None and exclusive_phase(self.config):
+            group = EXCLUSIVE_LANE
+        return group or super()._split_scope(nodeid)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> SuiteGroups | None:
@@ -200,6 +219,19 @@ def pytest_configure(config: pytest.Config) -> None:
         "private: touches no shared service (pure logic, files, servers of its own): holds "
         "nothing, runs beside anything (tests/suite_lock.py)",
     )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The exclusive phase on workers: the controller holds the lock exclusively for the whole
+    run, before its workers start (they inherit the hold, so their tests take nothing)."""
+    config = session.config
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    if config.getoption("dist") != "loadgroup" or not exclusive_phase(config):
+        return  # without the lanes each test takes the lock exclusively, one at a time
+    phase = contextlib.ExitStack()
+    phase.enter_context(held(Hold.EXCLUSIVE))
+    config.add_cleanup(phase.close)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -234,6 +234,10 @@ def first_failure(log: Path) -> str:
 
 # pytest's exit status when the selection (here: -m exclusive or its opposite) is empty.
 NO_TESTS_COLLECTED = 5
+# The tests marked exclusive as `make test` runs them: a lane per rig and one for the rest,
+# under one exclusive hold (tests/suite_lock.py).
+EXCLUSIVE_LANES = ("-n", "2", "--dist", "loadgroup", "-m", "exclusive")
+BASELINE_EXCLUSIVE = "baseline-exclusive"
 
 
 def in_phases(scratch: Path, tests: Sequence[str], log: Path, jobs: int) -> tuple[int, float]:
@@ -243,7 +247,7 @@ def in_phases(scratch: Path, tests: Sequence[str], log: Path, jobs: int) -> tupl
     code, seconds = run_tests(scratch, tests, log, side_by_side)
     if code not in (0, NO_TESTS_COLLECTED):
         return code, seconds
-    alone, more = run_tests(scratch, tests, log, ["-m", "exclusive"])
+    alone, more = run_tests(scratch, tests, log, EXCLUSIVE_LANES)
     if alone == NO_TESTS_COLLECTED:
         alone = 0 if code == 0 else NO_TESTS_COLLECTED
     return alone, seconds + more
@@ -265,6 +269,8 @@ def run_mutant(
         log.write_bytes(b"")
         if baseline and jobs > 1:
             code, seconds = in_phases(scratch, tests or mutant.tests, log, jobs)
+        elif mutant.name == BASELINE_EXCLUSIVE:
+            code, seconds = run_tests(scratch, mutant.tests, log, EXCLUSIVE_LANES)
         else:
             code, seconds = run_tests(scratch, tests or mutant.tests, log)
     if code == 1:
@@ -336,7 +342,7 @@ def baseline_parts(chosen: Sequence[Mutant], locking_ids: frozenset[str]) -> lis
     locking = [t for t in tests if _names(t, locking_ids)]
     rigs = [t for t in tests if t.startswith(EXCLUSIVE) and t not in locking]
     rest = [t for t in tests if t not in locking and t not in rigs]
-    groups = [("rigs", rigs), ("exclusive", locking)]
+    groups = [("rigs", rigs), (BASELINE_EXCLUSIVE.removeprefix("baseline-"), locking)]
     groups += [
         (str(k // BASELINE_CHUNK + 1), rest[k : k + BASELINE_CHUNK])
         for k in range(0, len(rest), BASELINE_CHUNK)
@@ -457,7 +463,7 @@ def with_baseline(
         locking = _locking(chosen, ids)
         if baseline:
             parts = baseline_parts(chosen, ids)
-            locking |= {p.name for p in parts if p.name == "baseline-exclusive"}
+            locking |= {p.name for p in parts if p.name == BASELINE_EXCLUSIVE}
     everything = run_all([*parts, *chosen], logs, jobs, locking)
     return everything[: len(parts)], everything[len(parts) :]
 

@@ -190,7 +190,37 @@ def test_the_baseline_runs_side_by_side_then_the_exclusive_tests_alone(
     code, seconds = run.in_phases(tmp_path, ["tests/x.py"], tmp_path / "log", jobs=3)
     assert (code, seconds) == (expected, float(phases))
     assert calls[0] == ("-n", "3", "--dist", "loadgroup", "-m", "not exclusive")
-    assert calls[1:] == ([("-m", "exclusive")] if phases == 2 else [])
+    lanes = ("-n", "2", "--dist", "loadgroup", "-m", "exclusive")
+    assert calls[1:] == ([lanes] if phases == 2 else [])
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("baseline-exclusive", ("-n", "2", "--dist", "loadgroup", "-m", "exclusive")),
+        ("baseline-rigs", ()),
+        ("baseline-1", ()),
+    ],
+)
+def test_the_baseline_part_of_exclusive_tests_runs_in_their_lanes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, options: tuple[str, ...]
+) -> None:
+    """As `make test` runs them: a lane per rig and one for the rest, under one hold; every
+    other part runs its tests one after the other."""
+    calls: list[tuple[str, ...]] = []
+
+    def fake(
+        scratch: Path, tests: object, log: Path, options: tuple[str, ...] = ()
+    ) -> tuple[int, float]:
+        calls.append(tuple(options))
+        return 0, 1.0
+
+    monkeypatch.setattr(run, "run_tests", fake)
+    monkeypatch.setattr(run, "prepare", lambda scratch, mutant: None)
+    monkeypatch.setattr(run, "assert_imports_from", lambda scratch: None)
+    part = Mutant(name, "", "", "", "the named tests pass unmutated", ("tests/x.py::test_x",))
+    assert run.run_mutant(part, tmp_path, baseline=True).status == "survived"
+    assert calls == [options]
 
 
 def test_a_mutant_run_asks_hypothesis_not_to_shrink(tmp_path: Path) -> None:

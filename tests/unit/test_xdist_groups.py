@@ -76,3 +76,71 @@ def test_grouped_tests_share_one_worker_and_the_rest_spread(
     for rig in ("test_cluster", "test_partitions"):
         assert len(workers[rig]) == 1, f"{rig}'s tests ran on {sorted(workers[rig])}"
     assert len(workers["test_integration"]) > 1, "ungrouped tests should spread"
+
+
+LANE_TEST = """
+import fcntl, json, os, pathlib, time
+import pytest
+
+@pytest.mark.exclusive
+@pytest.mark.parametrize("n", range(3))
+def test_where(n):
+    out = pathlib.Path(os.environ["WHERE_OUT"])
+    # the lanes overlap: wait until a test of the other lane has started (one after the other,
+    # as each test holding the lock itself would make them, the first would wait in vain)
+    rig = __name__ == "test_cluster"
+    (out.parent / f"started-{__name__}-{n}").touch()
+    deadline = time.monotonic() + 20
+    while not any(("test_cluster" in p.name) != rig for p in out.parent.glob("started-*")):
+        assert time.monotonic() < deadline, "the other lane never ran beside this one"
+        time.sleep(0.05)
+    # another process asking for the suite lock, shared, is refused while the phase runs
+    with open(pathlib.Path(os.environ["PYTEST_SUITE_LOCK_DIR"]) / "suite", "a+b") as suite:
+        try:
+            fcntl.flock(suite, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            refused = False
+        except BlockingIOError:
+            refused = True
+    seen = [os.environ.get("PYTEST_XDIST_WORKER"), __name__, refused,
+            os.environ.get("PYTEST_SUITE_LOCK_HELD")]
+    (out / f"{__name__}-{n}").write_text(json.dumps(seen))
+
+def test_not_exclusive():
+    pass
+"""
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_exclusive_phase_runs_a_lane_per_rig_and_one_for_the_rest_under_one_hold(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, workers: int
+) -> None:
+    """``-m exclusive`` on workers: the cluster rig's tests on one worker, every other test on
+    one other worker (never two of them at once, even with a worker spare), and the suite lock
+    held exclusively for the whole run by the controller, so that no other pytest's test comes
+    in (a shared hold is refused inside every test)."""
+    out = tmp_path / "where"
+    out.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("WHERE_OUT", str(out))
+    monkeypatch.setenv(DIR_ENV, str(tmp_path / "lock"))
+    pytester.makeconftest('pytest_plugins = ["tests.suite_lock"]\n')
+    pytester.makeini(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+        "markers =\n    exclusive: x\n    private: y\n"
+    )
+    for folder in ("cluster", "faults", "integration"):
+        package = pytester.path / "tests" / folder
+        package.mkdir(parents=True)
+        (package / f"test_{folder}.py").write_text(LANE_TEST)
+    result = pytester.runpytest_subprocess(
+        "-n", str(workers), "--dist", "loadgroup", "-m", "exclusive", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=9)  # test_not_exclusive deselected
+    seen = [json.loads(p.read_text()) for p in out.iterdir()]
+    assert len(seen) == 9
+    assert all(refused and held == "exclusive" for _, _, refused, held in seen), seen
+    rig = {w for w, m, _, _ in seen if m == "test_cluster"}
+    rest = {w for w, m, _, _ in seen if m != "test_cluster"}
+    assert len(rig) == 1, f"the rig's tests ran on {sorted(rig)}"
+    assert len(rest) == 1, f"the other exclusive tests ran on {sorted(rest)}"
+    assert rig != rest, "the rig's lane and the others' ran on one worker"

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.suite_lock import DIR_ENV, XDIST_GROUPS, xdist_group_of
+from tests.suite_lock import (
+    DIR_ENV,
+    EXCLUSIVE_LANE,
+    RIG_LANE_TOO,
+    XDIST_GROUPS,
+    exclusive_lane_of,
+    xdist_group_of,
+)
 
 pytestmark = pytest.mark.private
 
@@ -90,7 +97,7 @@ def test_where(n):
     # as each test holding the lock itself would make them, the first would wait in vain)
     rig = __name__ == "test_cluster"
     (out.parent / f"started-{__name__}-{n}").touch()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # workers start slowly beside the whole suite
     while not any(("test_cluster" in p.name) != rig for p in out.parent.glob("started-*")):
         assert time.monotonic() < deadline, "the other lane never ran beside this one"
         time.sleep(0.05)
@@ -144,3 +151,15 @@ def test_the_exclusive_phase_runs_a_lane_per_rig_and_one_for_the_rest_under_one_
     assert len(rig) == 1, f"the rig's tests ran on {sorted(rig)}"
     assert len(rest) == 1, f"the other exclusive tests ran on {sorted(rest)}"
     assert rig != rest, "the rig's lane and the others' ran on one worker"
+
+
+def test_an_exclusive_test_goes_to_its_rigs_lane_or_the_one_of_the_rest() -> None:
+    assert exclusive_lane_of("tests/cluster/test_broker_failover.py::test_x") == "cluster-rig"
+    assert exclusive_lane_of("tests/faults/test_stop_budget.py::test_y") == EXCLUSIVE_LANE
+    assert exclusive_lane_of("tests/unit/test_loop_lag.py::test_z") == EXCLUSIVE_LANE
+    assert exclusive_lane_of("tests/partitions/test_rig.py::test_z") == "namespace-rig"
+    for module in RIG_LANE_TOO:
+        assert exclusive_lane_of(f"{module}::test_w") == "cluster-rig"
+        # the module is there and holds a test marked exclusive (a rename would drop it from
+        # the rig's lane without a word)
+        assert "exclusive(" in (ROOT / module).read_text(), module

@@ -174,8 +174,8 @@ def xdist_group_of(nodeid: str) -> str | None:
 # The exclusive phase (``-m exclusive``) in lanes: each rig's tests on one worker, every other
 # test on one more, one after the other. The tests time themselves; a lane's test has only the
 # other lanes' tests beside it (a rig's failover next to one stop, say), never the whole
-# suite's load. Two lanes took the phase from 200 s to 120 s; a third lane (two of the other
-# tests at once beside the rig's) failed a stop budget by its margin.
+# suite's load. Two lanes took the phase from 200 s to 126-143 s; a third lane (two of the
+# other tests at once beside the rig's) failed a stop budget by its margin.
 EXCLUSIVE_LANE = "exclusive-lane"
 # Exclusive tests whose bounds are seconds, not milliseconds, in the cluster rig's lane, so that
 # the two lanes take about as long (84 s and 138 s with every other test in the second lane).

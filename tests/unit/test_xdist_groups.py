@@ -49,6 +49,32 @@ def test_where(n):
 """
 
 
+def _session_of_modules(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    folders: tuple[str, ...],
+    text: str,
+) -> Path:
+    """A pytester session with the suite's lock and scheduler, and one module ``text`` in each
+    of ``tests/<folder>/``; the folder where the modules write what they saw."""
+    out = tmp_path / "where"
+    out.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("WHERE_OUT", str(out))
+    monkeypatch.setenv(DIR_ENV, str(tmp_path / "lock"))
+    pytester.makeconftest('pytest_plugins = ["tests.suite_lock"]\n')
+    pytester.makeini(
+        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+        "markers =\n    exclusive: x\n    private: y\n"
+    )
+    for folder in folders:
+        package = pytester.path / "tests" / folder
+        package.mkdir(parents=True)
+        (package / f"test_{folder}.py").write_text(text)
+    return out
+
+
 def test_a_group_is_found_by_its_folder_or_module() -> None:
     assert xdist_group_of("tests/cluster/test_rigs.py::test_x") == "cluster-rig"
     assert xdist_group_of("tests/partitions/test_rig.py::test_y[1]") == "namespace-rig"
@@ -62,20 +88,9 @@ def test_grouped_tests_share_one_worker_and_the_rest_spread(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A real run on three workers, with the suite's scheduler."""
-    out = tmp_path / "where"
-    out.mkdir()
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    monkeypatch.setenv("WHERE_OUT", str(out))
-    monkeypatch.setenv(DIR_ENV, str(tmp_path / "lock"))
-    pytester.makeconftest('pytest_plugins = ["tests.suite_lock"]\n')
-    pytester.makeini(
-        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
-        "markers =\n    exclusive: x\n    private: y\n"
+    out = _session_of_modules(
+        pytester, monkeypatch, tmp_path, ("cluster", "partitions", "integration"), TEST
     )
-    for folder in ("cluster", "partitions", "integration"):
-        package = pytester.path / "tests" / folder
-        package.mkdir(parents=True)
-        (package / f"test_{folder}.py").write_text(TEST)
     result = pytester.runpytest_subprocess("-n", "3", "--dist", "loadgroup", "-p", "no:randomly")
     result.assert_outcomes(passed=12)
     seen = [json.loads(p.read_text()) for p in out.iterdir()]
@@ -125,20 +140,9 @@ def test_the_exclusive_phase_runs_a_lane_per_rig_and_one_for_the_rest_under_one_
     one other worker (never two of them at once, even with a worker spare), and the suite lock
     held exclusively for the whole run by the controller, so that no other pytest's test comes
     in (a shared hold is refused inside every test)."""
-    out = tmp_path / "where"
-    out.mkdir()
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    monkeypatch.setenv("WHERE_OUT", str(out))
-    monkeypatch.setenv(DIR_ENV, str(tmp_path / "lock"))
-    pytester.makeconftest('pytest_plugins = ["tests.suite_lock"]\n')
-    pytester.makeini(
-        "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
-        "markers =\n    exclusive: x\n    private: y\n"
+    out = _session_of_modules(
+        pytester, monkeypatch, tmp_path, ("cluster", "faults", "integration"), LANE_TEST
     )
-    for folder in ("cluster", "faults", "integration"):
-        package = pytester.path / "tests" / folder
-        package.mkdir(parents=True)
-        (package / f"test_{folder}.py").write_text(LANE_TEST)
     result = pytester.runpytest_subprocess(
         "-n", str(workers), "--dist", "loadgroup", "-m", "exclusive", "-p", "no:randomly"
     )

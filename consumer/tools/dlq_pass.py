@@ -47,11 +47,13 @@ REPLAY_WINDOW = 200  # publishes awaiting their confirm at once
 # basic.get without aio-pika's default 5 s timeout: on Python 3.11 that timeout goes through
 # asyncio.wait_for, which can swallow a cancellation (Ctrl-C) that arrives as the reply lands.
 GET_TIMEOUT = None
-GIVE_BACK_CHUNK = 16  # messages a nack gives back; under the 32 a quorum queue keeps in order
-# The longest a give back waits for the ready count to show a batch back; once one batch is not
-# shown back in time, or the count falls (another client reads the DLQ), it waits no more.
+# Messages a nack gives back: a return each, one batch unapplied at a time (Kept), under the
+# 32 commands a quorum queue's channel keeps unapplied before it reorders what it holds back.
+GIVE_BACK_CHUNK = 16
+# The longest a give back waits for the consumer count to show a batch back; once one batch is
+# not shown back in time, or the count rises (another client reads the DLQ), it waits no more.
 GIVE_BACK_WAIT_S = 5.0
-POLL_FIRST_S, POLL_MAX_S = 0.001, 0.05  # the ready count is polled with a backoff
+POLL_FIRST_S, POLL_MAX_S = 0.001, 0.05  # the consumer count is polled with a backoff
 # What a pass holds of the messages dead-lettered while it read, to give them back behind the
 # DLQ's (hold_arrivals): not bounded by the DLQ's size, which a burst from a bad deploy passes
 # many times over, but by memory (a tag each here, an unacked message each in the broker) and
@@ -109,29 +111,31 @@ class Kept:
 
     By the time they are given back every other message read on the channel is settled, so the
     unacked tags up to a kept one are exactly the kept ones: one ``basic.nack(multiple)`` per
-    ``GIVE_BACK_CHUNK`` of them, then a wait (passive declares, polled with a backoff) until
-    the queue's ready count shows them back. Unpaced, a quorum queue's channel holds returns
-    back once too many are unapplied and later sends them in an order of its own (200 nacks
-    sent at once came back with the last ones first). Another client reading the DLQ at the
-    same time (a second ``dlq inspect``) takes what is given back, so the count may never show
-    it: the first batch not shown back within ``GIVE_BACK_WAIT_S``, or a count below the one
-    before the nack, ends the waiting, and the rest go back one batch per round trip (the
-    order is then not assured, and a warning says so). So a give back waits
-    ``GIVE_BACK_WAIT_S`` at most in all beyond the broker's own pace, not per batch.
+    ``GIVE_BACK_CHUNK`` of them, each once the broker has applied everything sent before it.
+
+    Why the pace: in a quorum queue each basic.get is a consumer of its own, so a nack of a batch
+    is a return per message. The channel's client of the queue (RabbitMQ 3.10's
+    rabbit_fifo_client) keeps at most 32 commands unapplied; past that it stashes returns and
+    sends them together once under, in an order of its own (reversed: 200 nacks sent at once
+    came back with the last ones first). So at most one batch of 16 is ever unapplied.
+
+    What shows a batch applied is the queue's consumer count (a passive declare): each message
+    read and not yet settled is a consumer, gone once its ack or return is applied. Before each
+    nack, and after the last, a give back waits (polls with a backoff) until the count is down
+    to the messages not yet given back. Nothing else moves that count: dead letters arriving
+    raise the ready count, which a give back waiting on it took for its batch (a flood on a
+    broker held to 0.3 of a core reordered 5 runs of 5). Another client reading the DLQ
+    (a second ``dlq inspect``) adds consumers, so the count may never come down: the first
+    wait not met within ``GIVE_BACK_WAIT_S``, or a count higher than the one before, ends the
+    waiting, and the rest go back one batch per round trip (the order is then not assured, and
+    a warning says so). So a give back waits ``GIVE_BACK_WAIT_S`` at most in all beyond the
+    broker's own pace, not per batch.
 
     A returned message goes behind the messages ready at that moment, so every pass reads the
     whole DLQ (as it was when the pass started), and then what was dead-lettered while it read
     (:func:`hold_arrivals`), before giving back: the kept messages are then the whole DLQ, back
     in its order, the newcomers last. Only a message dead-lettered during the give back itself
     (or past ``hold_arrivals``' bounds) goes ahead of the batches not yet given back.
-
-    Such a message raises the ready count too, and with a batch's worth of them a wait may end
-    before its batch is applied. The order holds all the same: the count is the queue's state
-    once its log is applied, in order, so a newcomer counts only once every command logged
-    before it is applied; a wait ended early lets the next batch go while the last one is being
-    applied, and the broker's commits still pace them, far from the 32 unapplied returns past
-    which the channel merges them (a flood of 1,350 to 4,000 dead letters during a give back of
-    1,000 kept the order in 6 runs of 6; with the waits gone, it broke it in 2 of 3).
     """
 
     queue: str = ""
@@ -142,23 +146,38 @@ class Kept:
         self.channel = message.channel
         self.tags.append((index, message.delivery_tag or 0))
 
-    async def _ready(self, channel: aiormq.abc.AbstractChannel) -> int | None:
-        """The DLQ's ready count; None when its leader answered too late to count."""
+    async def _unsettled(self, channel: aiormq.abc.AbstractChannel) -> int | None:
+        """The DLQ's consumers (this pass's reads not yet settled, and any other client's); None
+        when its leader answered too late to count."""
         count = await timed_count(lambda: channel.queue_declare(self.queue, passive=True))
-        return count.reading()
+        return count.consumers if count.counted else None
 
-    async def _shown_back(self, channel: aiormq.abc.AbstractChannel, before: int, n: int) -> bool:
-        """Wait until the ready count shows ``n`` more than ``before``: False once
-        ``GIVE_BACK_WAIT_S`` passed, or if the count fell below ``before`` (someone reads). An
-        answer that is no count is neither: it waits on."""
+    async def _settled_to(self, channel: aiormq.abc.AbstractChannel, left: int) -> bool:
+        """Wait until the consumer count is ``left`` or fewer: False once ``GIVE_BACK_WAIT_S``
+        passed, or if the count rose (another client reads). An answer that is no count is
+        neither: it waits on."""
         loop = asyncio.get_running_loop()
-        deadline, pause = loop.time() + GIVE_BACK_WAIT_S, POLL_FIRST_S
-        while (ready := await self._ready(channel)) is None or ready < before + n:
-            if (ready is not None and ready < before) or loop.time() > deadline:
+        deadline, pause, last = loop.time() + GIVE_BACK_WAIT_S, POLL_FIRST_S, None
+        while (count := await self._unsettled(channel)) is None or count > left:
+            if (count is not None and last is not None and count > last) or (
+                loop.time() > deadline
+            ):
                 return False
+            last = count if count is not None else last
             await asyncio.sleep(pause)
             pause = min(2 * pause, POLL_MAX_S)
         return True
+
+    async def _paced(self, channel: aiormq.abc.AbstractChannel, left: int, waiting: bool) -> bool:
+        """Before a batch (and after the last): wait until ``left`` are unsettled, while
+        ``waiting``; after that, a round trip only. Whether to wait on."""
+        if not waiting:
+            await self._unsettled(channel)
+            return False
+        if await self._settled_to(channel, left):
+            return True
+        log.warning("another client reads the DLQ; its order is not assured")
+        return False
 
     async def give_back(self) -> None:
         channel, tags = self.channel, [tag for _, tag in sorted(self.tags)]
@@ -168,14 +187,10 @@ class Kept:
         waiting = True
         try:
             for start in range(0, len(tags), GIVE_BACK_CHUNK):
+                waiting = await self._paced(channel, len(tags) - start, waiting)
                 chunk = tags[start : start + GIVE_BACK_CHUNK]
-                before = await self._ready(channel)  # with the wait given up: the round trip
                 await channel.basic_nack(chunk[-1], multiple=True, requeue=True)
-                if before is None:
-                    continue  # no count to wait from: this batch goes unwaited
-                if waiting and not await self._shown_back(channel, before, len(chunk)):
-                    waiting = False  # another client reads the DLQ: no more waits
-                    log.warning("another client reads the DLQ; its order is not assured")
+            await self._paced(channel, 0, waiting)
         except BROKER_ERRORS:  # the rest come back with the channel
             log.debug("nacking back the kept messages failed", exc_info=True)
 

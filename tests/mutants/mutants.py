@@ -93,6 +93,7 @@ T_EXACT = "tests/integration/test_exact_amounts.py::"
 T_DLQ = "tests/integration/test_dlq.py::"
 T_BY_REASON = "tests/integration/test_dlq_by_reason.py::"
 T_ARRIVALS = "tests/integration/test_dlq_arrivals.py::"
+T_PACE = "tests/integration/test_dlq_give_back_pace.py::"
 T_CLIENTS = "tests/integration/test_other_clients.py::"
 
 SORTED_KEYS_TESTS = (
@@ -923,22 +924,11 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         name="kept-messages-nacked-back-in-a-burst",
-        # no wait for each batch of nacks: the quorum queue's channel reorders what it holds back
+        # no wait before each batch of nacks (nor its round trip): the quorum queue's channel
+        # reorders what it holds back
         path="consumer/tools/dlq_pass.py",
-        # (the ready count's round trip before each nack dropped too: it paces them on its own)
-        old=(
-            "                before = await self._ready(channel)  # with the wait given up: the"
-            " round trip\n"
-            "                await channel.basic_nack(chunk[-1], multiple=True, requeue=True)\n"
-            "                if before is None:\n"
-            "                    continue  # no count to wait from: this batch goes unwaited\n"
-            "                if waiting and not await self._shown_back("
-            "channel, before, len(chunk)):\n"
-        ),
-        new=(
-            "                await channel.basic_nack(chunk[-1], multiple=True, requeue=True)\n"
-            "                if False:\n"
-        ),
+        old="                waiting = await self._paced(channel, len(tags) - start, waiting)\n",
+        new="",
         promise=DLQ_BY_REASON,
         tests=(T_DLQ + "test_inspect_leaves_the_dlq_in_its_order",),
         fast=True,
@@ -968,8 +958,8 @@ MUTANTS: tuple[Mutant, ...] = (
         # one nack(multiple) for them all: over 32 messages, a quorum queue returns them in an
         # order of its own
         path="consumer/tools/dlq_pass.py",
-        old="GIVE_BACK_CHUNK = 16 ",
-        new="GIVE_BACK_CHUNK = 100_000 ",
+        old="GIVE_BACK_CHUNK = 16\n",
+        new="GIVE_BACK_CHUNK = 100_000\n",
         promise=DLQ_BY_REASON,
         tests=(T_DLQ + "test_inspect_leaves_the_dlq_in_its_order",),
         fast=True,
@@ -1185,13 +1175,44 @@ MUTANTS: tuple[Mutant, ...] = (
         name="give-back-waits-every-batch",
         # a starved give back keeps waiting GIVE_BACK_WAIT_S per batch of 16
         path="consumer/tools/dlq_pass.py",
-        old="                    waiting = False  # another client reads the DLQ: no more waits\n",
-        new="                    waiting = True\n",
+        old='        log.warning("another client reads the DLQ; its order is not assured")\n'
+        "        return False\n",
+        new='        log.warning("another client reads the DLQ; its order is not assured")\n'
+        "        return True\n",
         promise=DLQ_BY_REASON,
         tests=(
             T_ARRIVALS
             + "test_inspect_gives_back_within_its_bound_while_another_client_reads_the_dlq",
         ),
+    ),
+    Mutant(
+        name="give-back-paced-by-the-ready-count",
+        # the waits read the ready count, which dead letters arriving raise too: on a broker
+        # slow to apply, batches pile up unapplied and come back reordered
+        path="consumer/tools/dlq_pass.py",
+        old="        return count.consumers if count.counted else None\n",
+        new="        return count.ready if count.counted else None\n",
+        promise=DLQ_BY_REASON,
+        tests=(T_PACE + "test_a_flood_on_a_broker_held_to_its_quota_keeps_the_dlq_in_its_order",),
+    ),
+    Mutant(
+        name="give-back-runs-two-batches-ahead",
+        # a wait lets two batches more go unapplied: 48 returns, past the channel's 32
+        path="consumer/tools/dlq_pass.py",
+        old=" is None or count > left:\n",
+        new=" is None or count > left + 32:\n",
+        promise=DLQ_BY_REASON,
+        tests=(T_PACE + "test_a_flood_on_a_broker_held_to_its_quota_keeps_the_dlq_in_its_order",),
+    ),
+    Mutant(
+        name="give-back-first-batch-unwaited",
+        # the first batch goes before a pass's acks are applied: past 32 unapplied, the
+        # channel stashes it with them and sends it in an order of its own
+        path="consumer/tools/dlq_pass.py",
+        old="                waiting = await self._paced(",
+        new="                waiting = start == 0 or await self._paced(",
+        promise=DLQ_BY_REASON,
+        tests=(T_PACE + "test_acks_unapplied_as_a_give_back_starts_keep_the_dlq_in_its_order",),
     ),
     Mutant(
         name="fingerprint-depends-on-header-order",

@@ -1,0 +1,223 @@
+"""`dlq inspect` gives the DLQ back in its order on a broker held to a share of a core while dead
+letters flood in: the busy machine of CI, made on purpose. There the flood test of
+test_dlq_arrivals.py found old-0849 to old-0862 given back out of order (make test, one run).
+
+Why it broke: in a quorum queue each basic.get is a consumer of its own, so a nack of a batch of 16
+is 16 returns. The channel's client of the queue (RabbitMQ 3.10.8's rabbit_fifo_client) keeps at
+most 32 commands unapplied; past that it stashes returns and sends them together once under,
+in an order of its own (reversed here: old-0735, old-0734, ..., old-0705). The give back waited
+for the ready count to show each batch back, and a flood raises that count too: on a broker
+slow to apply, the waits ended on the flood's messages, batches piled up unapplied, and the
+stash reordered them (5 runs of 5 by hand on a node held to 0.3 of a core).
+
+The flood tests' node is their own, in a cgroup of the cpu controller
+(benchmarks/support/cgroups.py): filled at full speed, held to ``CORES`` while the flooders run
+and the pass gives back. A pass's acks are commands of the channel too: the last test sends a
+replay's to a stalled leader of the shared broker just before its give back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from benchmarks.support import cgroups
+from benchmarks.support.cgroups import CpuLimit
+from consumer.tools import dlq_pass
+from consumer.tools.dlq import inspect_dlq, replay_dlq
+from tests.conftest import Broker, leader_suspended, wait_for
+from tests.integration.test_dlq_arrivals import (
+    TARGET,
+    fill,
+    ids,
+    old_id,
+    ready_is,
+    reason,
+    start_flooders,
+)
+from tests.rigs.rabbitmq_node import RabbitNode, available
+
+pytestmark = [
+    pytest.mark.skipif(not available(), reason="rabbitmq-server is not installed"),
+    pytest.mark.skipif(cgroups.available() is not None, reason=f"{cgroups.available()}"),
+]
+
+CORES = 0.3  # the node's share of a core while it floods and gives back
+LIMIT = 500  # messages a replay takes: acks in their hundreds, each a command
+STALLED_ACKS = 100  # acks sent to a stalled leader: past the 32 a channel keeps unapplied
+
+
+@pytest.fixture
+def held_node(tmp_path: Path) -> Iterator[tuple[RabbitNode, CpuLimit]]:
+    with RabbitNode(f"brpace{uuid.uuid4().hex[:8]}", tmp_path / "rabbit") as node:
+        assert node.proc is not None
+        limit = CpuLimit(None, f"pace-{uuid.uuid4().hex[:8]}")
+        try:
+            limit.add(node.proc.pid)
+            yield node, limit
+        finally:
+            limit.close()
+
+
+@pytest.fixture
+async def node_broker(held_node: tuple[RabbitNode, CpuLimit], topology) -> AsyncIterator[Broker]:
+    node, _ = held_node
+    broker = Broker(node.url, topology)
+    await broker.open()
+    yield broker
+    await broker.close()
+
+
+@pytest.mark.parametrize("command", ["inspect", "replay"])
+async def test_a_flood_on_a_broker_held_to_its_quota_keeps_the_dlq_in_its_order(
+    make_settings,
+    held_node: tuple[RabbitNode, CpuLimit],
+    node_broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """``inspect`` gives back every message it read; ``replay --reason --limit`` first gives
+    back its survey's (at full speed), then takes ``LIMIT`` with the node held, so its acks
+    are still unapplied commands of the channel as its give back starts."""
+    node, limit = held_node
+    settings = make_settings(rabbitmq_url=node.url)
+    dlq = settings.dead_letter_queue
+    olds = await fill(node_broker, dlq)
+    flooders = await start_flooders(node_broker)
+    original_give_back = dlq_pass.Kept.give_back
+    before = limit.throttling()
+    give_backs = 0
+
+    async def give_back(kept: dlq_pass.Kept) -> None:
+        nonlocal give_backs
+        give_backs += 1
+        if command == "replay" and give_backs == 1:  # the survey's
+            await original_give_back(kept)
+            limit.set_quota(CORES)
+            return
+        limit.set_quota(CORES)
+        for process in flooders:
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
+        try:
+            await original_give_back(kept)
+        finally:
+            limit.set_quota(None)
+            for process in flooders:
+                assert process.stdin is not None
+                process.stdin.close()
+
+    monkeypatch.setattr(dlq_pass.Kept, "give_back", give_back)
+    out = io.StringIO()
+    try:
+        if command == "inspect":
+            assert await inspect_dlq(settings, out=out) == 0
+        else:
+            assert await replay_dlq(settings, LIMIT, out=out, reason=TARGET) == 0
+        counts = [int((await process.communicate())[0]) for process in flooders]
+    finally:
+        limit.set_quota(None)
+        for process in flooders:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    monkeypatch.undo()
+    held = limit.throttling() - before
+    print(f"{sum(counts)} dead letters during the give back; the node held back {held}")
+    assert held.throttled > 0  # the quota did hold the node back
+    assert sum(counts) > len(olds)  # and the flood outran the give back
+    if command == "replay":
+        assert f"replayed {LIMIT} of " in out.getvalue(), out.getvalue()
+        shown = {old_id(n) for n in range(len(olds)) if reason(n) == TARGET}
+        olds = [i for i in olds if i not in set(sorted(shown)[:LIMIT])]
+    total = len(olds) + sum(counts)
+    await wait_for(lambda: ready_is(node_broker, dlq, total), timeout=120)
+    assert await old_ones_in_order(node.url, dlq, total) == olds
+
+
+async def old_ones_in_order(url: str, queue: str, total: int) -> list[str]:
+    """The ``old-`` ids among the ``total`` messages of ``queue``, in the queue's order: a
+    consumer (prefetch 1,000, acked) reads tens of thousands much faster than a basic.get each."""
+    found: list[str] = []
+    done = asyncio.Event()
+    read = 0
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=1000)
+        q = await channel.declare_queue(queue, passive=True)
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
+            nonlocal read
+            read += 1
+            if (message.message_id or "").startswith("old-"):
+                found.append(message.message_id or "")
+            await message.ack()
+            if read == total:
+                done.set()
+
+        await q.consume(on_message)
+        await asyncio.wait_for(done.wait(), timeout=120)
+    return found
+
+
+async def test_acks_unapplied_as_a_give_back_starts_keep_the_dlq_in_its_order(
+    make_settings, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay acks each message it moved: an ack is a command of the channel too, so with
+    the DLQ's Raft server suspended (a stalled leader) as the replay acks ``STALLED_ACKS`` of
+    them, the channel holds more than 32 unapplied as the give back starts. Its first batch
+    waits for the consumer count to show those acks applied; nacked at once, it went into the
+    channel's stash with them and came back in an order of its own. (On the shared broker: the
+    server is resumed as the give back starts, through rabbitmqctl, about a second.)"""
+    settings = make_settings()
+    dlq = settings.dead_letter_queue
+    olds = await fill(broker, dlq)
+    stalled = contextlib.AsyncExitStack()
+    all_read = asyncio.Event()
+    original_hold, original_one = dlq_pass.hold_arrivals, dlq_pass.Pass._one
+    original_give_back = dlq_pass.Kept.give_back
+
+    async def hold_arrivals(queue: Any, kept: dlq_pass.Kept, start: int) -> bool:
+        # the replay's pass (the survey's reads call it through consumer.tools.dlq's name) has
+        # read every message: its acks go to a stalled leader
+        in_order = await original_hold(queue, kept, start)
+        await stalled.enter_async_context(leader_suspended(dlq))
+        all_read.set()
+        return in_order
+
+    async def one(self: dlq_pass.Pass, *args: Any) -> None:
+        await all_read.wait()
+        await original_one(self, *args)
+
+    async def give_back(kept: dlq_pass.Kept) -> None:
+        resumed = asyncio.create_task(stalled.aclose())
+        try:
+            await original_give_back(kept)
+        finally:
+            await resumed
+
+    monkeypatch.setattr(dlq_pass, "hold_arrivals", hold_arrivals)
+    monkeypatch.setattr(dlq_pass.Pass, "_one", one)
+    monkeypatch.setattr(dlq_pass.Kept, "give_back", give_back)
+    out = io.StringIO()
+    try:
+        assert await replay_dlq(settings, STALLED_ACKS, out=out, reason=TARGET) == 0
+    finally:
+        await stalled.aclose()
+    monkeypatch.undo()
+    assert all_read.is_set()
+    assert f"replayed {STALLED_ACKS} of " in out.getvalue(), out.getvalue()
+    shown = sorted(old_id(n) for n in range(len(olds)) if reason(n) == TARGET)
+    moved = set(shown[:STALLED_ACKS])
+    assert await ids(broker, dlq) == [i for i in olds if i not in moved]

@@ -46,10 +46,10 @@ from tests.integration.test_dlq_arrivals import (
 )
 from tests.rigs.rabbitmq_node import RabbitNode, available
 
-pytestmark = [
-    pytest.mark.skipif(not available(), reason="rabbitmq-server is not installed"),
-    pytest.mark.skipif(cgroups.available() is not None, reason=f"{cgroups.available()}"),
-]
+pytestmark = [pytest.mark.rabbitmq]
+# the flood tests' own node, and its CPU quota
+NO_HELD_NODE = "rabbitmq-server is not installed" if not available() else cgroups.available()
+needs_a_held_node = pytest.mark.skipif(NO_HELD_NODE is not None, reason=f"{NO_HELD_NODE}")
 
 CORES = 0.3  # the node's share of a core while it floods and gives back
 LIMIT = 500  # messages a replay takes: acks in their hundreds, each a command
@@ -78,6 +78,7 @@ async def node_broker(held_node: tuple[RabbitNode, CpuLimit], topology) -> Async
 
 
 @pytest.mark.parametrize("command", ["inspect", "replay"])
+@needs_a_held_node
 async def test_a_flood_on_a_broker_held_to_its_quota_keeps_the_dlq_in_its_order(
     make_settings,
     held_node: tuple[RabbitNode, CpuLimit],

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.integration.dead_letter_flood import flood_id
-from tests.integration.test_dlq_arrivals import start_flooders_at
+from tests.integration.test_dlq_arrivals import flooding_at
 from tests.rigs.rabbitmq_node import RabbitNode, available
 
 pytestmark = pytest.mark.skipif(not available(), reason="rabbitmq-server is not installed")
@@ -58,29 +58,18 @@ async def test_a_stalled_broker_loses_none_of_what_the_flooders_counted(
     flood_queue: tuple[aio_pika.abc.AbstractChannel, aio_pika.abc.AbstractQueue],
 ) -> None:
     channel, queue = flood_queue
-    flooders = await start_flooders_at(flood_node.url, EXCHANGE)
-    try:
-        for process in flooders:
-            assert process.stdin is not None
-            process.stdin.write(b"go\n")
-            await process.stdin.drain()
+    async with flooding_at(flood_node.url, EXCHANGE) as flooders:
+        await flooders.go()
         await asyncio.sleep(1)  # flowing before the stall
         stall(flood_node, signal.SIGSTOP)
         try:
             await asyncio.sleep(STALL_S)
-            for process in flooders:  # told to stop while the broker still reads nothing
-                assert process.stdin is not None
-                process.stdin.close()
+            flooders.stop()  # told to stop while the broker still reads nothing
             await asyncio.sleep(1)
         finally:
             stall(flood_node, signal.SIGCONT)
-        counts = [int((await process.communicate())[0]) for process in flooders]
-        assert all(process.returncode == 0 for process in flooders)
-    finally:
-        for process in flooders:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+        counts = await flooders.counted()
+        assert all(process.returncode == 0 for process in flooders.processes)
     assert all(count > 0 for count in counts)
 
     async def every_counted_one_arrived() -> bool:

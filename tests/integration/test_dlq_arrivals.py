@@ -8,10 +8,11 @@ the newcomers behind; two inspects at once finish within their stated bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -537,32 +538,63 @@ async def test_dead_letters_during_the_give_back_never_hurry_it_out_of_order(
 FLOODERS = 4
 
 
-async def start_flooders(broker: Broker) -> list[asyncio.subprocess.Process]:
-    return await start_flooders_at(broker.url, broker.topology.dead_letter_exchange)
+@dataclass
+class Flooders:
+    """FLOODERS processes of tests/integration/dead_letter_flood.py, connected and waiting: each
+    floods once told to go, until told to stop, then says how many the broker confirmed."""
+
+    processes: list[asyncio.subprocess.Process] = field(default_factory=list)
+
+    async def go(self) -> None:
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            await process.stdin.drain()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.close()
+
+    async def counted(self) -> list[int]:
+        """What each published, once it has stopped."""
+        return [int((await process.communicate())[0]) for process in self.processes]
 
 
-async def start_flooders_at(url: str, exchange: str) -> list[asyncio.subprocess.Process]:
-    """FLOODERS processes of tests/integration/dead_letter_flood.py, connected and waiting (at
-    full speed: not under PYTHONASYNCIODEBUG, which the test itself may run under)."""
+def flooding(broker: Broker) -> contextlib.AbstractAsyncContextManager[Flooders]:
+    return flooding_at(broker.url, broker.topology.dead_letter_exchange)
+
+
+@contextlib.asynccontextmanager
+async def flooding_at(url: str, exchange: str) -> AsyncIterator[Flooders]:
+    """Flooders publishing to ``exchange`` at ``url`` (at full speed: not under
+    PYTHONASYNCIODEBUG, which the test itself may run under); any still running at the end is
+    killed."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
-    flooders = []
-    for k in range(FLOODERS):
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.integration.dead_letter_flood",
-            url,
-            exchange,
-            str(k),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-        )
-        flooders.append(process)
-    for process in flooders:
-        assert process.stdout is not None
-        assert await asyncio.wait_for(process.stdout.readline(), 30) == b"ready\n"
-    return flooders
+    flooders = Flooders()
+    try:
+        for k in range(FLOODERS):
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.integration.dead_letter_flood",
+                url,
+                exchange,
+                str(k),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env=env,
+            )
+            flooders.processes.append(process)
+        for process in flooders.processes:
+            assert process.stdout is not None
+            assert await asyncio.wait_for(process.stdout.readline(), 30) == b"ready\n"
+        yield flooders
+    finally:
+        for process in flooders.processes:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
 
 
 async def test_a_flood_of_dead_letters_during_the_give_back_keeps_the_dlq_in_its_order(
@@ -577,30 +609,19 @@ async def test_a_flood_of_dead_letters_during_the_give_back_keeps_the_dlq_in_its
     settings = make_settings()
     dlq = settings.dead_letter_queue
     olds = await fill(broker, dlq)
-    flooders = await start_flooders(broker)
     original_give_back = dlq_pass.Kept.give_back
+    async with flooding(broker) as flooders:
 
-    async def give_back(kept: dlq_pass.Kept) -> None:
-        for process in flooders:
-            assert process.stdin is not None
-            process.stdin.write(b"go\n")
-            await process.stdin.drain()
-        try:
-            await original_give_back(kept)
-        finally:
-            for process in flooders:
-                assert process.stdin is not None
-                process.stdin.close()
+        async def give_back(kept: dlq_pass.Kept) -> None:
+            await flooders.go()
+            try:
+                await original_give_back(kept)
+            finally:
+                flooders.stop()
 
-    monkeypatch.setattr(dlq_pass.Kept, "give_back", give_back)
-    try:
+        monkeypatch.setattr(dlq_pass.Kept, "give_back", give_back)
         assert await inspect_dlq(settings, out=io.StringIO()) == 0
-        counts = [int((await process.communicate())[0]) for process in flooders]
-    finally:
-        for process in flooders:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+        counts = await flooders.counted()
     monkeypatch.undo()
     print(f"{sum(counts)} dead letters during a give back of {SIZE}")
     # a chunk's worth during each wait or so, many of them on their way as a count is read

@@ -38,11 +38,11 @@ from tests.conftest import Broker, leader_suspended, wait_for
 from tests.integration.test_dlq_arrivals import (
     TARGET,
     fill,
+    flooding,
     ids,
     old_id,
     ready_is,
     reason,
-    start_flooders,
 )
 from tests.rigs.rabbitmq_node import RabbitNode, available
 
@@ -93,45 +93,36 @@ async def test_a_flood_on_a_broker_held_to_its_quota_keeps_the_dlq_in_its_order(
     settings = make_settings(rabbitmq_url=node.url)
     dlq = settings.dead_letter_queue
     olds = await fill(node_broker, dlq)
-    flooders = await start_flooders(node_broker)
     original_give_back = dlq_pass.Kept.give_back
     before = limit.throttling()
     give_backs = 0
+    out = io.StringIO()
+    async with flooding(node_broker) as flooders:
 
-    async def give_back(kept: dlq_pass.Kept) -> None:
-        nonlocal give_backs
-        give_backs += 1
-        if command == "replay" and give_backs == 1:  # the survey's
-            await original_give_back(kept)
+        async def give_back(kept: dlq_pass.Kept) -> None:
+            nonlocal give_backs
+            give_backs += 1
+            if command == "replay" and give_backs == 1:  # the survey's
+                await original_give_back(kept)
+                limit.set_quota(CORES)
+                return
             limit.set_quota(CORES)
-            return
-        limit.set_quota(CORES)
-        for process in flooders:
-            assert process.stdin is not None
-            process.stdin.write(b"go\n")
-            await process.stdin.drain()
+            await flooders.go()
+            try:
+                await original_give_back(kept)
+            finally:
+                limit.set_quota(None)
+                flooders.stop()
+
+        monkeypatch.setattr(dlq_pass.Kept, "give_back", give_back)
         try:
-            await original_give_back(kept)
+            if command == "inspect":
+                assert await inspect_dlq(settings, out=out) == 0
+            else:
+                assert await replay_dlq(settings, LIMIT, out=out, reason=TARGET) == 0
+            counts = await flooders.counted()
         finally:
             limit.set_quota(None)
-            for process in flooders:
-                assert process.stdin is not None
-                process.stdin.close()
-
-    monkeypatch.setattr(dlq_pass.Kept, "give_back", give_back)
-    out = io.StringIO()
-    try:
-        if command == "inspect":
-            assert await inspect_dlq(settings, out=out) == 0
-        else:
-            assert await replay_dlq(settings, LIMIT, out=out, reason=TARGET) == 0
-        counts = [int((await process.communicate())[0]) for process in flooders]
-    finally:
-        limit.set_quota(None)
-        for process in flooders:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
     monkeypatch.undo()
     held = limit.throttling() - before
     print(f"{sum(counts)} dead letters during the give back; the node held back {held}")

@@ -94,6 +94,7 @@ T_DLQ = "tests/integration/test_dlq.py::"
 T_BY_REASON = "tests/integration/test_dlq_by_reason.py::"
 T_ARRIVALS = "tests/integration/test_dlq_arrivals.py::"
 T_PACE = "tests/integration/test_dlq_give_back_pace.py::"
+T_GIVE_BACK_WAIT = "tests/unit/test_dlq_give_back_wait.py::"
 T_CLIENTS = "tests/integration/test_other_clients.py::"
 
 SORTED_KEYS_TESTS = (
@@ -1184,6 +1185,24 @@ MUTANTS: tuple[Mutant, ...] = (
             T_ARRIVALS
             + "test_inspect_gives_back_within_its_bound_while_another_client_reads_the_dlq",
         ),
+    ),
+    Mutant(
+        name="give-back-wait-ignores-a-rise",
+        # another client's gets raise the count: the give back waits on to its deadline
+        path="consumer/tools/dlq_pass.py",
+        old="(count is not None and last is not None and count > last) or (",
+        new="False or (",
+        promise=DLQ_BY_REASON,
+        tests=(T_GIVE_BACK_WAIT + "test_a_count_that_rises_ends_the_wait_unmet_at_once",),
+    ),
+    Mutant(
+        name="give-back-wait-takes-a-repeat-for-a-rise",
+        # the same count polled twice (the broker not done yet) ends the wait unmet
+        path="consumer/tools/dlq_pass.py",
+        old="last is not None and count > last)",
+        new="last is not None and count >= last)",
+        promise=DLQ_BY_REASON,
+        tests=(T_GIVE_BACK_WAIT + "test_the_same_count_again_is_no_rise",),
     ),
     Mutant(
         name="give-back-paced-by-the-ready-count",

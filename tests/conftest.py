@@ -33,6 +33,8 @@ from consumer.topology import Topology, declare_topology, delete_topology
 from settings import Settings, load_settings
 from tests.compiled import stale_builds
 from tests.mutants import MUTANT_RUN_ENV
+from tests.role_server import install as install_role_server
+from tests.role_server import uninstall as uninstall_role_server
 
 # Each test's CPU beside its wall time in a JUnit report (tests/durations.py reads both); the
 # lock that lets tests run side by side (tests/suite_lock.py); pytester runs throwaway sessions.
@@ -120,6 +122,16 @@ hypothesis_settings.register_profile(
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
 )
 hypothesis_settings.load_profile("mutants" if os.environ.get(MUTANT_RUN_ENV) else "suite")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The commands and roles the tests start are forked from a server that has imported
+    them (tests/role_server.py; TEST_ROLE_SERVER=off starts them as before)."""
+    install_role_server()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    uninstall_role_server()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

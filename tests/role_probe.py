@@ -47,7 +47,40 @@ def facts() -> dict[str, object]:
         "signal_to_main_thread": bool(received),
         "forked": "consumer.app" in sys.modules,  # imported by the server only
         "open_fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "wsgiref_env": _wsgiref_env(),
+        "stdout_buffer": type(sys.stdout.buffer).__name__,
+        "stderr_buffer": type(sys.stderr.buffer).__name__,
+        "stdout_write_through": getattr(sys.stdout, "write_through", None),
+        "stdout_mode": sys.stdout.mode,
+        "spawned": _spawned(),
     }
+
+
+def _spawned() -> int:
+    """A process started by multiprocessing's spawn, which imports ``__main__`` again."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return int(pool.apply(abs, (-7,)))
+
+
+class _RaisesAtExit:
+    def __del__(self) -> None:
+        raise RuntimeError("raised at exit")
+
+
+def _wsgiref_env() -> str | None:
+    from wsgiref.handlers import BaseHandler
+
+    return BaseHandler.os_environ.get("ROLE_PROBE")
+
+
+_LEFT: object = None
+
+
+def _finish_later() -> None:
+    time.sleep(0.5)
+    print("thread done")
 
 
 def main() -> None:
@@ -69,6 +102,11 @@ def main() -> None:
         signal.pause()  # until a signal ends it
     if action == "unflushed":
         sys.stdout.write("no newline, no flush")
+    if action == "del-raises":
+        global _LEFT
+        _LEFT = _RaisesAtExit()
+    if action == "thread-left":
+        threading.Thread(target=_finish_later).start()
     if action == "atexit":
         import atexit
 

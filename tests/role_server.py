@@ -21,15 +21,18 @@ and the module run as ``__main__`` (``runpy``, as ``python -m`` does), ending as
 ends: threads joined, ``atexit`` run, streams flushed, the exit status of ``SystemExit``.
 
 What the server imported was imported with the server's environment, so a start whose
-environment differs in what is read at import (``PYTHON*``, ``OTEL_*``, ``PROMETHEUS_*``, the
-locale, ``TZ``), or that asks for anything else (a shell, ``preexec_fn``, ``pass_fds``, a user,
-another working directory, an interpreter option such as ``-X``), is started as before.
+environment differs in what is read at import (:data:`IMPORT_TIME_ENV`), or that asks for
+anything else (a shell, ``preexec_fn``, ``pass_fds``, a user, another working directory, an
+interpreter option such as ``-X``), is started as before.
 ``TEST_ROLE_SERVER=off`` starts every one as before (a run to compare with, or to rule this out).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.machinery
+import importlib.util
 import io
 import json
 import os
@@ -39,6 +42,8 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
+import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,10 +52,17 @@ REPO = Path(__file__).resolve().parents[1]
 SWITCH = "TEST_ROLE_SERVER"
 CONSOLE_SCRIPT = str(Path(sys.executable).with_name("bulk-recorder"))
 # `python -m` of these, or of a module in them (tests/role_probe.py: what the tests of this
-# module run)
-MODULES = ("consumer", "benchmarks", "tests.role_probe")
-# Read by the interpreter or by a library as it is imported, not when it is used.
-IMPORT_TIME_ENV = ("PYTHON", "OTEL_", "PROMETHEUS_", "LC_", "LANG", "TZ")
+# module run; the dead-letter flooder: four at a time in the DLQ's tests)
+MODULES = ("consumer", "benchmarks", "tests.role_probe", "tests.integration.dead_letter_flood")
+# Read by the interpreter or by a library as :data:`PRELOAD` is imported, not when it is used
+# (tests/unit/test_role_server.py records what the imports read): the interpreter's own, the
+# locale, HOME (sysconfig's user base), pydantic's plugins, prometheus-client's multiprocess
+# mode, and whether multidict, propcache and yarl use their C extensions. (wsgiref copies the
+# whole environment as it is imported: the child copies it again, :func:`_become`.)
+IMPORT_TIME_ENV = (
+    "PYTHON", "_PYTHON", "LC_", "LANG", "TZ", "HOME", "PYDANTIC_", "PROMETHEUS_",
+    "prometheus_", "MULTIDICT_", "PROPCACHE_", "YARL_",
+)  # fmt: skip
 # What the server imports: every command's modules, and what they import.
 PRELOAD = (
     "settings",
@@ -74,6 +86,7 @@ PRELOAD = (
     "uvloop",
 )
 MAX_MESSAGE = 1 << 20
+ANSWER_WAIT_S = 60.0  # for the server's answer: it imports for seconds, forks in milliseconds
 
 # x86-64 Linux: clone(2)'s number and flags.
 _SYS_CLONE = 56
@@ -97,8 +110,8 @@ def divertible(
     server_env: Mapping[str, str],
     **asked: Any,
 ) -> tuple[str, str, list[str]] | None:
-    """What the server runs for this start: ``("module", name, argv)`` for ``python -m name``,
-    ``("script", "", argv)`` for the console script; None when it must be started as before.
+    """What the server runs for this start: ``("module", name, args)`` for ``python -m name``,
+    ``("script", "", args)`` for the console script; None when it must be started as before.
     ``asked`` are Popen's other arguments, each at the value that asks for nothing."""
     plain = {
         "shell": False,
@@ -119,6 +132,8 @@ def divertible(
         return None
     if os.path.realpath(cwd or os.getcwd()) != str(REPO):
         return None
+    if any(not isinstance(k, str) or not isinstance(v, str) or "=" in k for k, v in env.items()):
+        return None
     if import_time_env(env) != import_time_env(server_env):
         return None
     if args[0] == CONSOLE_SCRIPT:
@@ -126,8 +141,12 @@ def divertible(
     if args[0] == sys.executable and len(args) >= 3 and args[1] == "-m":
         module = args[2]
         if any(module == m or module.startswith(m + ".") for m in MODULES):
-            return ("module", module, [args[0], *args[3:]])
+            return ("module", module, list(args))
     return None
+
+
+class _Unanswered(OSError):
+    """The request was sent and no answer came: the child may run, so it is not started again."""
 
 
 class RoleServer:
@@ -135,6 +154,7 @@ class RoleServer:
 
     def __init__(self) -> None:
         self.env = dict(os.environ)  # as the session started, not as a test changed it
+        self.pid = os.getpid()  # a process forked from this one has none of its own
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -143,18 +163,26 @@ class RoleServer:
 
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._process = _STARTED_AS_BEFORE(
-            [sys.executable, "-m", "tests.role_server", str(theirs.fileno())],
-            cwd=REPO,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            pass_fds=(theirs.fileno(),),
-        )
-        theirs.close()
-        ready = ours.recv(MAX_MESSAGE)
+        ours.settimeout(ANSWER_WAIT_S)
+        try:
+            self._process = subprocess.Popen(  # not ours to fork: its module is not in MODULES
+                [sys.executable, "-m", "tests.role_server", str(theirs.fileno())],
+                cwd=REPO,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # what goes wrong comes back as the answer
+                pass_fds=(theirs.fileno(),),
+            )
+            theirs.close()
+            ready = ours.recv(MAX_MESSAGE)
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
         if ready != b"ready":
-            raise OSError(f"the role server did not start: {ready!r}")
+            ours.close()
+            raise OSError(f"the role server did not start: {ready.decode(errors='replace')}")
         self._socket = ours
         return ours
 
@@ -166,25 +194,40 @@ class RoleServer:
         new_session: bool,
         process_group: int,
     ) -> int:
-        """Fork ``target`` with ``fds`` as its standard streams: its pid (a child of this
-        process)."""
-        kind, module, argv = target
+        """Fork ``target`` with ``fds`` as its standard streams, once it has become that
+        command (its session, streams, command line): its pid, a child of this process."""
+        kind, module, args = target
         request = json.dumps(
             {
                 "kind": kind,
                 "module": module,
-                "argv": argv,
+                "args": args,
                 "env": dict(env),
                 "new_session": new_session,
                 "process_group": process_group,
             }
         ).encode()
         with self._lock:
-            channel = self._socket or self._start()
+            if self.broken:
+                raise OSError("the role server is gone")
+            try:
+                channel = self._socket or self._start()
+            except BaseException:
+                self.broken = True
+                raise
             socket.send_fds(channel, [request], list(fds))
-            answer = json.loads(channel.recv(MAX_MESSAGE) or b'{"error": "the server ended"}')
-        if "pid" not in answer:
-            raise OSError(answer.get("error", answer))
+            try:
+                answer = json.loads(channel.recv(MAX_MESSAGE) or b'{"error": "the server ended"}')
+            except BaseException as error:
+                # An answer may still come: no later request may take it for its own.
+                self.broken = True
+                channel.close()
+                self._socket = None
+                raise _Unanswered(f"the role server did not answer: {error!r}") from error
+        if "pid" in answer and "error" in answer:
+            os.waitpid(int(answer["pid"]), 0)  # it failed to become the command, and ended
+        if "error" in answer:
+            raise OSError(f"the role server refused: {answer['error']}")
         self.forked += 1
         return int(answer["pid"])
 
@@ -197,7 +240,6 @@ class RoleServer:
             self._process = None
 
 
-_STARTED_AS_BEFORE: Any = subprocess.Popen
 _original_execute_child: Callable[..., None] | None = None
 _server: RoleServer | None = None
 
@@ -237,7 +279,7 @@ def _execute_child(
     close_fds: bool,
     pass_fds: Sequence[int],
     cwd: Any,
-    env: Mapping[str, str] | None,
+    env: Mapping[Any, Any] | None,
     startupinfo: Any,
     creationflags: int,
     shell: bool,
@@ -260,7 +302,12 @@ def _execute_child(
     assert original is not None
     server = _server
     target = None
-    if server is not None and not server.broken and isinstance(args, list | tuple):
+    if (
+        server is not None
+        and not server.broken
+        and server.pid == os.getpid()
+        and isinstance(args, list | tuple)
+    ):
         child_env = dict(os.environ if env is None else env)
         target = divertible(
             [os.fsdecode(a) if isinstance(a, bytes | os.PathLike) else a for a in args],
@@ -278,32 +325,29 @@ def _execute_child(
             uid=uid,
             umask=umask,
         )
-    if target is None or server is None:
-        original(
-            self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
-            creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
-            restore_signals, gid, gids, uid, umask, start_new_session, process_group,
-        )  # fmt: skip
-        return
-    fds = (
-        0 if p2cread == -1 else p2cread,
-        1 if c2pwrite == -1 else c2pwrite,
-        2 if errwrite == -1 else errwrite,
-    )
-    try:
-        pid = server.spawn(target, fds, child_env, start_new_session, process_group)
-    except OSError as error:
-        server.broken = True
-        print(f"tests.role_server: {error}; starting commands as before", file=sys.stderr)
-        original(
-            self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
-            creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
-            restore_signals, gid, gids, uid, umask, start_new_session, process_group,
-        )  # fmt: skip
-        return
-    self.pid = pid
-    self._child_created = True  # type: ignore[attr-defined]
-    self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
+    if target is not None and server is not None:
+        sys.audit("subprocess.Popen", target[2][0], target[2], cwd, env)
+        fds = (
+            0 if p2cread == -1 else p2cread,
+            1 if c2pwrite == -1 else c2pwrite,
+            2 if errwrite == -1 else errwrite,
+        )
+        try:
+            pid = server.spawn(target, fds, child_env, start_new_session, process_group)
+        except _Unanswered:
+            raise
+        except OSError as error:
+            print(f"tests.role_server: {error}; starting commands as before", file=sys.stderr)
+        else:
+            self.pid = pid
+            self._child_created = True  # type: ignore[attr-defined]
+            self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
+            return
+    original(
+        self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+        creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
+        restore_signals, gid, gids, uid, umask, start_new_session, process_group,
+    )  # fmt: skip
 
 
 # The server's side -------------------------------------------------------------------------
@@ -325,7 +369,8 @@ def _tid_offset() -> int | None:
 
 def _fork_as_sibling(tid_offset: int) -> int:
     """``os.fork``, the child's parent being this process's parent: 0 in the child, the
-    child's pid here."""
+    child's pid here. Only in a process of one thread, with every signal blocked (as glibc's
+    fork blocks them): no Python may run between the clone and the interpreter's after-fork."""
     python = ctypes.pythonapi  # calls that hold the GIL, as os.fork does
     libc = ctypes.PyDLL(None, use_errno=True)
     libc.pthread_self.restype = ctypes.c_void_p
@@ -333,8 +378,8 @@ def _fork_as_sibling(tid_offset: int) -> int:
     libc.syscall.argtypes = [ctypes.c_long, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
     tid_at = libc.pthread_self() + tid_offset
-    python.PyOS_BeforeFork()
     flags = _CLONE_PARENT | _CLONE_CHILD_SETTID | signal.SIGCHLD
+    python.PyOS_BeforeFork()
     pid = libc.syscall(_SYS_CLONE, flags, None, None, tid_at, None)
     if pid == 0:
         python.PyOS_AfterFork_Child()
@@ -374,12 +419,17 @@ def _set_arguments(start: int | None = None, end: int | None = None) -> bool:
                            ctypes.c_ulong]  # fmt: skip
     mm = _MmMap(
         start_code=field(26), end_code=field(27), start_stack=field(28),
-        start_data=field(45), end_data=field(46), start_brk=field(47), brk=libc.sbrk(0),
+        start_data=field(45), end_data=field(46), start_brk=field(47),
         arg_start=field(48) if start is None else start,
         arg_end=field(49) if end is None else end,
         env_start=field(50), env_end=field(51), auxv=0, auxv_size=0, exe_fd=0xFFFFFFFF,
     )  # fmt: skip
-    return int(libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, ctypes.byref(mm), ctypes.sizeof(mm), 0)) == 0
+    size, pointer = ctypes.sizeof(mm), ctypes.byref(mm)
+    mm.brk = libc.sbrk(0)  # last: what the kernel takes for the heap's end must be its end
+    return int(libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, pointer, size, 0)) == 0
+
+
+_cmdline: Any = None
 
 
 def _set_cmdline(argv: list[str]) -> None:
@@ -392,147 +442,167 @@ def _set_cmdline(argv: list[str]) -> None:
     _cmdline = ctypes.create_string_buffer(text)
     start = ctypes.addressof(_cmdline)
     if not _set_arguments(start, start + len(text)):
-        print("tests.role_server: /proc/self/cmdline not set", file=sys.stderr)
-
-
-_cmdline: Any = None
+        raise OSError("/proc/self/cmdline could not be set")
 
 
 def _stdio() -> None:
-    """New standard streams on fds 0-2, as an interpreter makes them at start."""
+    """New standard streams on fds 0-2, as an interpreter makes them at start
+    (``create_stdio``): stdin buffered; stdout and stderr written through, unbuffered, under
+    ``-u`` (the server's, which the command shares), else line-buffered on a terminal and
+    stderr always."""
     assert isinstance(sys.stdout, io.TextIOWrapper)
-    buffered = not sys.stdout.write_through  # -u or PYTHONUNBUFFERED, as the server has it
+    unbuffered = sys.stdout.write_through
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
-        stream = open(  # noqa: SIM115 - the process's own stream, for its whole life
-            fd,
-            mode,
-            encoding=getattr(sys, name).encoding,
-            errors=getattr(sys, name).errors,
+        old = getattr(sys, name)
+        if mode == "r":
+            buffer: Any = io.open(fd, "rb", closefd=False)  # noqa: SIM115, UP020
+            raw = buffer.raw
+        else:
+            buffer = io.open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)  # noqa: SIM115, UP020
+            raw = buffer if unbuffered else buffer.raw
+        raw.name = f"<{name}>"
+        stream = io.TextIOWrapper(
+            buffer,
+            encoding=old.encoding,
+            errors=old.errors,
             newline="\n",
-            closefd=False,
+            line_buffering=mode == "w" and not unbuffered and (os.isatty(fd) or fd == 2),
+            write_through=mode == "w" and unbuffered,
         )
-        assert isinstance(stream, io.TextIOWrapper)
-        if mode == "w":
-            stream.reconfigure(
-                line_buffering=buffered and (os.isatty(fd) or fd == 2),
-                write_through=not buffered,
-            )
-        stream.buffer.raw.name = f"<{name}>"
+        stream.mode = mode  # type: ignore[misc]
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
 
 
 def _unimport(module: str) -> None:
-    """Forget the server's import of the module run as ``__main__``: a started ``python -m``
-    has only that copy (runpy warns of the other), and imports another only if asked to."""
+    """Forget the server's import of what runs as ``__main__`` (the module, or a package's
+    ``__main__``): a started ``python -m`` has only that copy (runpy warns of another), and
+    imports another only if asked to."""
+    spec = importlib.util.find_spec(module)
+    if spec is not None and spec.submodule_search_locations is not None:
+        module += ".__main__"
     if sys.modules.pop(module, None) is not None:
         package, _, name = module.rpartition(".")
         if package and hasattr(sys.modules.get(package), name):
             delattr(sys.modules[package], name)
 
 
-def _exit_code(code: object) -> int:
-    """The exit status of ``SystemExit(code)``, printing a message as the interpreter does."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
+def _shebang(script: str) -> str:
+    """The interpreter a script's ``#!`` line names (what the kernel runs it with)."""
+    with open(script, "rb") as f:
+        first = f.readline()
+    return os.fsdecode(first[2:].strip().split(b" ")[0]) if first.startswith(b"#!") else ""
 
 
-def _become(request: dict[str, Any], fds: list[int]) -> None:
-    """In the child: become the command ``request`` asks for, and end as it ends."""
-    if request["new_session"]:
-        os.setsid()
-    if request["process_group"] >= 0:
-        os.setpgid(0, request["process_group"])
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-    os.chdir(REPO)
-    os.environ.clear()
-    os.environ.update(request["env"])
-    argv: list[str] = request["argv"]
-    _set_cmdline(
-        argv if request["kind"] == "script" else [argv[0], "-m", request["module"], *argv[1:]]
-    )
-    _stdio()
-    sys.argv = list(argv)
-    code = 0
+def _become(request: dict[str, Any], fds: list[int], ready: int) -> None:
+    """In the child, its signals blocked: become the command ``request`` asks for; close
+    ``ready`` when it has (the server answers then); then run it as ``__main__``, and end as a
+    started interpreter ends (this is the server's ``__main__``: an exception or ``SystemExit``
+    ends the process as it would have ended that interpreter)."""
+    args: list[str] = request["args"]
     try:
+        if request["new_session"]:
+            os.setsid()
+        if request["process_group"] >= 0:
+            os.setpgid(0, request["process_group"])
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.closerange(3, ready)
+        os.closerange(ready + 1, os.sysconf("SC_OPEN_MAX"))
+        os.chdir(REPO)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        handlers = sys.modules.get("wsgiref.handlers")
+        if handlers is not None:  # its copy of the environment, made as it was imported
+            handlers.BaseHandler.os_environ = handlers.read_environ()
         if request["kind"] == "script":
-            from consumer.cli import main
-
-            sys.path[0] = os.path.dirname(argv[0])  # a script's own directory comes first
-            sys.exit(main())
-        sys.path[0] = str(REPO)  # `python -m` starts in the working directory
-        _unimport(request["module"])
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-    except SystemExit as ended:
-        code = _exit_code(ended.code)
-    except KeyboardInterrupt:
-        sys.excepthook(*sys.exc_info())
-        code = -signal.SIGINT  # an interpreter ends by the signal itself
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    _end(code)
-
-
-def _end(code: int) -> None:
-    """What an interpreter does as it ends (``Py_FinalizeEx``), then exit with ``code``."""
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-    import atexit
-
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            code = 120 if code == 0 else code
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code)
-
-
-def serve(channel: socket.socket) -> None:
-    """Fork a child for each request until the test's process ends."""
-    import importlib
-
-    offset = _tid_offset()
-    for name in PRELOAD:
-        importlib.import_module(name)
-    if offset is None or not _set_arguments() or threading.active_count() != 1:
-        channel.send(b"cannot fork here")
+            interpreter = _shebang(args[0])
+            _set_cmdline([interpreter, *args] if interpreter else args)
+        else:
+            _set_cmdline(args)
+        _stdio()
+    except BaseException as error:
+        os.write(ready, repr(error).encode())
+        os._exit(1)
+    os.close(ready)
+    main = types.ModuleType("__main__")  # a fresh one, as an interpreter starts with
+    sys.modules["__main__"] = main
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())  # what arrived meanwhile, now
+    if request["kind"] == "script":
+        sys.argv = list(args)
+        sys.path[0] = os.path.dirname(args[0])  # a script's own directory comes first
+        with open(args[0], "rb") as f:
+            code = compile(f.read(), args[0], "exec")
+        main.__file__ = args[0]
+        main.__dict__["__cached__"] = None
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", args[0])
+        exec(code, main.__dict__)
         return
+    module = request["module"]
+    sys.argv = ["-m", *args[3:]]
+    sys.path[0] = str(REPO)  # `python -m` starts in the working directory
+    _unimport(module)
+    runpy._run_module_as_main(module)  # type: ignore[attr-defined]  # what `-m` runs
+
+
+def serve(channel: socket.socket) -> tuple[dict[str, Any], list[int], int] | None:
+    """Fork a child for each request until the test's process ends: None here; in a child,
+    what it is to become (:func:`_become`)."""
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except BaseException:
+        channel.send(traceback.format_exc()[-MAX_MESSAGE // 2 :].encode())
+        return None
+    offset = _tid_offset()
+    if offset is None or not _set_arguments():
+        channel.send(b"this process cannot fork as a sibling, or set a child's command line")
+        return None
     channel.send(b"ready")
     while True:
         message, fds, _flags, _address = socket.recv_fds(channel, MAX_MESSAGE, 3)
         if not message:
-            return
-        try:
-            request = json.loads(message)
-            pid = _fork_as_sibling(offset)
-        except (OSError, ValueError) as error:
-            for fd in fds:
-                os.close(fd)
-            channel.send(json.dumps({"error": repr(error)}).encode())
-            continue
-        if pid == 0:
+            return None
+        answer = _fork(json.loads(message), fds, offset)
+        if answer is None:  # the child
             channel.close()
-            try:
-                _become(request, fds)
-            finally:
-                os._exit(1)  # _become ends the process; this only if it failed to
+            return json.loads(message), fds, _ready_fd
+        channel.send(json.dumps(answer).encode())
+
+
+_ready_fd = -1
+
+
+def _fork(request: dict[str, Any], fds: list[int], offset: int) -> dict[str, Any] | None:
+    """Fork the child for ``request``, and wait until it has become the command: its pid
+    (with an error if it could not), or None in the child."""
+    global _ready_fd
+    if len(os.listdir("/proc/self/task")) != 1:
+        return {"error": "the server has more than one thread"}
+    readable, _ready_fd = os.pipe()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        pid = _fork_as_sibling(offset)
+    except OSError as error:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        os.close(readable)
+        os.close(_ready_fd)
         for fd in fds:
             os.close(fd)
-        channel.send(json.dumps({"pid": pid}).encode())
+        return {"error": repr(error)}
+    if pid == 0:
+        os.close(readable)
+        return None
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    os.close(_ready_fd)
+    for fd in fds:
+        os.close(fd)
+    with os.fdopen(readable, "rb") as became:
+        failed = became.read()  # until the child closes its end: it has become the command
+    return {"pid": pid, "error": failed.decode(errors="replace")} if failed else {"pid": pid}
 
 
 if __name__ == "__main__":
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    child = serve(socket.socket(fileno=int(sys.argv[1])))
+    if child is not None:
+        _become(*child)

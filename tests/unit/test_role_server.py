@@ -11,6 +11,7 @@ import os
 import pty
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ STARTED = {"PYTHONROLEPROBE": "1"}  # read at import by nothing, but refused all
 SAME = (
     "argv", "cmdline", "comm", "cwd", "path0", "main", "probe_env", "stdin_tty",
     "stdout_line_buffered", "stderr_line_buffered", "stdin_name", "signal_to_main_thread",
+    "stdout_buffer", "stderr_buffer", "stdout_write_through", "stdout_mode", "spawned",
 )  # fmt: skip
 
 
@@ -62,7 +64,19 @@ def test_two_forked_commands_draw_different_random_numbers() -> None:
 
 @pytest.mark.parametrize(
     "action",
-    ["", "exit=3", "exit=256", "exit=-1", "message", "raise", "interrupt", "atexit", "unflushed"],
+    [
+        "",
+        "exit=3",
+        "exit=256",
+        "exit=-1",
+        "message",
+        "raise",
+        "interrupt",
+        "atexit",
+        "unflushed",
+        "del-raises",
+        "thread-left",
+    ],
 )
 def test_a_forked_command_ends_as_a_started_one_does(action: str) -> None:
     """Exit status (a signal's as a negative one), what it wrote last on each stream, and
@@ -136,16 +150,17 @@ def test_the_console_script_is_forked_too() -> None:
 
 
 PLAIN: dict[str, Any] = {}
-MODULE = ("module", "tests.role_probe", [sys.executable])
+MODULE = ("module", "tests.role_probe", PROBE)
 SCRIPT = [role_server.CONSOLE_SCRIPT, "dlq"]
+PACKAGE = [sys.executable, "-m", "consumer"]
 
 
 @pytest.mark.parametrize(
     ("args", "cwd", "env", "asked", "expected"),
     [
         (PROBE, None, {}, PLAIN, MODULE),
-        ([*PROBE, "x"], None, {}, PLAIN, ("module", "tests.role_probe", [sys.executable, "x"])),
-        ([sys.executable, "-m", "consumer"], None, {}, PLAIN, ("module", "consumer", MODULE[2])),
+        ([*PROBE, "x"], None, {}, PLAIN, ("module", "tests.role_probe", [*PROBE, "x"])),
+        (PACKAGE, None, {}, PLAIN, ("module", "consumer", PACKAGE)),
         ([sys.executable, "-m", "consumerx"], None, {}, PLAIN, None),  # not a module of ours
         ([sys.executable, "-m", "tests.role_probex"], None, {}, PLAIN, None),
         ([sys.executable, "-m", "tests.conftest"], None, {}, PLAIN, None),
@@ -155,7 +170,10 @@ SCRIPT = [role_server.CONSOLE_SCRIPT, "dlq"]
         (SCRIPT, None, {}, PLAIN, ("script", "", SCRIPT)),
         (PROBE, "/", {}, PLAIN, None),  # another working directory
         (PROBE, None, {"PYTHONPATH": "/elsewhere"}, PLAIN, None),
-        (PROBE, None, {"OTEL_PYTHON_CONTEXT": "x"}, PLAIN, None),
+        (PROBE, None, {"HOME": "/elsewhere"}, PLAIN, None),
+        (PROBE, None, {"PROMETHEUS_MULTIPROC_DIR": "/tmp"}, PLAIN, None),
+        (PROBE, None, {"YARL_NO_EXTENSIONS": "1"}, PLAIN, None),
+        (PROBE, None, {"OTEL_TRACES_EXPORTER": "otlp"}, PLAIN, MODULE),  # read by the SDK's setup
         (PROBE, None, {"LANG": "C"}, PLAIN, None),
         (PROBE, None, {"DATABASE_URL": "postgresql://elsewhere"}, PLAIN, MODULE),  # read later
         (PROBE, None, {}, {"shell": True}, None),
@@ -190,7 +208,16 @@ def test_the_session_environment_is_the_one_compared(monkeypatch: pytest.MonkeyP
     assert not seen["forked"]
 
 
-@pytest.mark.parametrize("argv", [["--version"], ["dlq", "--help"], ["no-such-command"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["consumer.cli", "--version"],
+        ["consumer.cli", "dlq", "--help"],
+        ["consumer.cli", "no-such-command"],
+        ["consumer", "--help"],  # a package: its __main__ runs
+        ["consumer.no_such_module"],
+    ],
+)
 def test_the_cli_says_the_same_forked_and_started(argv: list[str]) -> None:
     """Its module run as ``__main__`` is the only copy, as in a started ``python -m`` (the
     server's import of it made runpy warn on stderr)."""
@@ -200,9 +227,101 @@ def test_the_cli_says_the_same_forked_and_started(argv: list[str]) -> None:
     for extra in ({}, STARTED):
         before = server.forked
         done = subprocess.run(
-            [sys.executable, "-m", "consumer.cli", *argv], env={**os.environ, **extra},
+            [sys.executable, "-m", *argv], env={**os.environ, **extra},
             cwd=role_server.REPO, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert server.forked == before + (0 if extra else 1)
         answers.append((done.returncode, done.stdout, done.stderr))
     assert answers[0] == answers[1]
+
+
+# Imports PRELOAD in a fresh interpreter with os.environ replaced by a mapping that records each
+# name read, and where the whole of it was read (iterated or copied).
+_READ_AT_IMPORT = """
+import importlib, json, os, sys, traceback
+real, names, wholes = os.environ, set(), set()
+
+class Recording:
+    def _whole(self):
+        wholes.add(traceback.extract_stack(limit=3)[0].filename)
+    def __getitem__(self, key):
+        names.add(key)
+        return real[key]
+    def get(self, key, default=None):
+        names.add(key)
+        return real.get(key, default)
+    def __contains__(self, key):
+        names.add(key)
+        return key in real
+    def __iter__(self):
+        self._whole()
+        return iter(real)
+    def items(self):
+        self._whole()
+        return real.items()
+    def keys(self):
+        self._whole()
+        return real.keys()
+    def copy(self):
+        self._whole()
+        return real.copy()
+    def __len__(self):
+        return len(real)
+    def __getattr__(self, name):
+        return getattr(real, name)
+
+os.environ = Recording()
+for name in json.loads(sys.argv[1]):
+    importlib.import_module(name)
+print(json.dumps({"names": sorted(names), "wholes": sorted(wholes)}))
+"""
+
+
+def test_what_the_server_imports_reads_of_the_environment_is_compared() -> None:
+    """A start is forked only with the server's values of every variable read as the server
+    imported its modules: a library that begins to read one at import fails this test until
+    IMPORT_TIME_ENV names it."""
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_AT_IMPORT, json.dumps(role_server.PRELOAD)],
+        cwd=role_server.REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    read = json.loads(done.stdout.splitlines()[-1])
+    assert read["names"]  # the recording saw the imports read (HOME, at least)
+    unnamed = [n for n in read["names"] if not n.startswith(role_server.IMPORT_TIME_ENV)]
+    assert unnamed == []
+    assert [Path(w).name for w in read["wholes"]] == ["handlers.py"]  # wsgiref's, copied again
+
+
+def test_wsgiref_sees_the_forked_command_s_environment() -> None:
+    done = subprocess.run(
+        [*PROBE, "wsgiref"], env={**os.environ, "ROLE_PROBE": "seen"}, cwd=role_server.REPO,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    seen = json.loads(done.stdout.splitlines()[0])
+    assert seen["forked"]
+    assert seen["wsgiref_env"] == "seen"
+
+
+def test_a_forked_command_is_that_command_once_its_start_returns() -> None:
+    """Its session and its command line are set before Popen returns, as an exec'd one's
+    are: a test may signal its group or read its command line at once."""
+    with subprocess.Popen(
+        [*PROBE, "wait"], cwd=role_server.REPO, stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            assert os.getpgid(proc.pid) == proc.pid
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            assert [a.decode() for a in cmdline] == [*PROBE, "wait"]
+        finally:
+            proc.kill()
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_an_interrupt_sent_at_once_ends_a_forked_command_by_it(attempt: int) -> None:
+    """Signals sent as the fork is made are held until it has become the command, then
+    delivered: never lost, never caught by the server's code."""
+    with subprocess.Popen([*PROBE, "wait"], cwd=role_server.REPO, stdout=subprocess.DEVNULL) as p:
+        p.send_signal(2)
+        assert p.wait(30) == -2

@@ -1184,6 +1184,7 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             T_ARRIVALS
             + "test_inspect_gives_back_within_its_bound_while_another_client_reads_the_dlq",
+            T_GIVE_BACK_WAIT + "test_once_a_wait_ends_unmet_the_rest_go_back_without_waiting",
         ),
     ),
     Mutant(

@@ -87,3 +87,34 @@ async def test_no_count_at_all_waits_on_until_one_comes(monkeypatch: pytest.Monk
     read = scripted(monkeypatch, counts)
     assert await dlq_pass.Kept()._settled_to(None, LEFT) is True  # type: ignore[arg-type]
     assert read == counts
+
+
+class Channel:
+    """What a give back uses of a channel: its nacks, recorded."""
+
+    is_closed = False
+
+    def __init__(self) -> None:
+        self.nacks: list[tuple[int, bool, bool]] = []
+
+    async def basic_nack(self, tag: int, multiple: bool, requeue: bool) -> None:
+        self.nacks.append((tag, multiple, requeue))
+
+
+async def test_once_a_wait_ends_unmet_the_rest_go_back_without_waiting(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another reader holds a message and takes another as the first batch waits: that wait
+    ends at the rise, and each later batch costs one round trip (a count asked), never a wait
+    of its own (a wait per batch of 16 is minutes for thousands of messages)."""
+    size = 3 * dlq_pass.GIVE_BACK_CHUNK
+    read = scripted(monkeypatch, [size + 1, size + 2, size + 2, size + 2, size + 2])
+    channel = Channel()
+    kept = dlq_pass.Kept(queue="dlq", channel=channel)  # type: ignore[arg-type]
+    kept.tags = [(index, index + 1) for index in range(size)]
+    await kept.give_back()
+    chunk = dlq_pass.GIVE_BACK_CHUNK
+    assert channel.nacks == [(chunk, True, True), (2 * chunk, True, True), (size, True, True)]
+    assert len(read) == 5  # two polls to the rise, then one a batch and one after the last
+    warnings = [r for r in caplog.records if "another client reads the DLQ" in r.getMessage()]
+    assert len(warnings) == 1

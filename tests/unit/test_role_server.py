@@ -301,11 +301,7 @@ def test_what_the_server_imports_reads_of_the_environment_is_compared() -> None:
 
 
 def test_wsgiref_sees_the_forked_command_s_environment() -> None:
-    done = subprocess.run(
-        [*PROBE, "wsgiref"], env={**os.environ, "ROLE_PROBE": "seen"}, cwd=role_server.REPO,
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    seen = json.loads(done.stdout.splitlines()[0])
+    seen, _ = probe()
     assert seen["forked"]
     assert seen["wsgiref_env"] == "seen"
 

@@ -507,3 +507,43 @@ async def leader_suspended(queue: str) -> AsyncIterator[None]:
         yield
     finally:
         await asyncio.to_thread(rabbitmq_eval, f"catch sys:resume({_raft_server(queue)}).")
+
+
+# How long the node's timer below waits for its start at most (then resumes regardless).
+_START_WAIT_S = 120
+
+
+@contextlib.asynccontextmanager
+async def leader_suspended_for(
+    url: str, queue: str, seconds: float
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """:func:`leader_suspended`, with a fault of a known length: it yields ``start``, and the
+    node itself resumes the Raft server ``seconds`` after ``start`` returns. A resume through
+    ``rabbitmqctl`` comes as late as the CLI starts, about 0.7 s on a quiet machine and past 3 s
+    on a loaded one: a fault sized against a bound of the recorder (its 5 s wait for the last
+    acks) then outlasts it. ``start`` declares a marker queue (a classic one: the suspended
+    leader plays no part); a process spawned on the node with the suspend polls for it every
+    5 ms, then sleeps ``seconds`` and resumes. The CLI's resume still runs at the end (a start
+    that never came; it is a no-op on a running server)."""
+    marker = f"{queue}.resume"
+    server = _raft_server(queue)
+    polls = _START_WAIT_S * 200
+    expression = (
+        f"P = {server}, ok = sys:suspend(P), "
+        f'M = rabbit_misc:r(<<"/">>, queue, <<"{marker}">>), '
+        "Started = fun Poll(0) -> ok; Poll(N) -> case rabbit_amqqueue:lookup(M) of "
+        "{ok, _} -> ok; _ -> timer:sleep(5), Poll(N - 1) end end, "
+        f"spawn(fun() -> Started({polls}), timer:sleep({round(seconds * 1000)}), "
+        "catch sys:resume(P) end), ok."
+    )
+    async with aiormq.connect(url) as connection:
+        channel = await connection.channel()
+        assert await asyncio.to_thread(rabbitmq_eval, expression) == "ok"
+
+        async def start() -> None:
+            await channel.queue_declare(marker, exclusive=True)
+
+        try:
+            yield start
+        finally:
+            await asyncio.to_thread(rabbitmq_eval, f"catch sys:resume({server}).")

@@ -842,10 +842,11 @@ MUTANTS: tuple[Mutant, ...] = (
         old="        if count.counted and count.consumers < bound:\n",
         new="        if count.counted and count.consumers <= bound:\n",
         promise=SHUTDOWN,
-        tests=(
-            "tests/unit/test_queue_count.py::test_consumers_below_its_bound_and_only_below_it",
-            T_LEAN + "test_acks_the_queue_applies_late_are_waited_for",
-        ),
+        # Not test_acks_the_queue_applies_late_are_waited_for: whether the resumed leader
+        # counts our consumer while the channel still holds settles back is a race (it killed
+        # this mutant in 4 of 8 runs with --each, before and after its resume was timed on the
+        # node). The unit test sits on the bound.
+        tests=("tests/unit/test_queue_count.py::test_consumers_below_its_bound_and_only_below_it",),
     ),
     Mutant(
         name="stall-measured-over-a-quiet-queue",

@@ -849,6 +849,15 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/unit/test_queue_count.py::test_consumers_below_its_bound_and_only_below_it",),
     ),
     Mutant(
+        name="last-acks-waited-for-past-their-bound",
+        path="consumer/last_acks.py",
+        old="        if not await consumers_below(declare, before, LAST_ACKS_WAIT_S):\n",
+        new="        if not await consumers_below(declare, before, 3600.0):\n",
+        promise=SHUTDOWN,
+        tests=(T_LEAN + "test_the_close_waits_for_the_last_acks_no_longer_than_its_bound",),
+        fast=True,
+    ),
+    Mutant(
         name="stall-measured-over-a-quiet-queue",
         path="tests/cluster/failover_support.py",
         old="            if until_rows is not None and v >= until_rows:\n                break\n",

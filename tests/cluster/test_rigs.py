@@ -190,6 +190,27 @@ async def test_a_nodes_answers_over_erl_call_are_rabbitmqctls(
         await delete_queue(cluster, classic)
 
 
+# Questions asked of one node at once: more than the rigs ever ask together (a test's poll, a
+# watchdog's, a fault's own).
+AT_ONCE = 8
+
+
+async def test_questions_asked_of_one_node_at_once_all_answer(
+    rabbit_cluster: RabbitCluster,
+) -> None:
+    """Each erl_call is a hidden node of its own to the node it asks. With ``-r`` its name was
+    ``c`` and the second modulo 997: calls in the same second had the same name, and the node
+    refused each one while it still held a connection of that name (a call that had just
+    ended, on a node busy with a peer's SIGKILL: test_shards' node kill failed so; 7 of 8 calls
+    at once, by hand). Every call has a name of its own now."""
+    node = rabbit_cluster.nodes[0]
+    answers = await asyncio.gather(
+        *(asyncio.to_thread(node.erl, "timer:sleep(300), ok") for _ in range(AT_ONCE)),
+        return_exceptions=True,
+    )
+    assert answers == ["ok"] * AT_ONCE, answers
+
+
 def _queue_process(name: str) -> str:
     """An Erlang expression binding ``P`` to the pid of the classic queue ``name`` on "/"."""
     return (

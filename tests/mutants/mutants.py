@@ -2462,6 +2462,14 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(T_RIG_ROW_ENDS,),
     ),
     Mutant(
+        name="rig-calls-share-a-name-a-second",
+        path="tests/rigs/rabbitmq_node.py",
+        old='"-c", self.cookie, "-h", _caller(), "-e"]),',
+        new='"-c", self.cookie, "-r", "-e"]),',
+        promise=NODE_LOSS,
+        tests=("tests/cluster/test_rigs.py::test_questions_asked_of_one_node_at_once_all_answer",),
+    ),
+    Mutant(
         name="publisher-forgets-a-failed-chunks-ids",
         path="tests/cluster/traffic.py",
         old="                    self.unconfirmed[record_type] |= ids\n",

@@ -63,6 +63,13 @@ def available() -> bool:
     )
 
 
+def _caller() -> str:
+    """A name for one erl_call's hidden node that no other call has. ``-r`` named it ``c`` and
+    the second modulo 997, so calls in one second shared a name, and a node refuses a
+    connection under a name it still holds (a call that just ended, on a busy node)."""
+    return f"brcall{secrets.token_hex(8)}"
+
+
 class ErlCallError(RuntimeError):
     """The node gave no result: not reachable, or the expression failed there."""
 
@@ -252,7 +259,7 @@ class RabbitNode:
         does not answer or the expression fails; TimeoutExpired after ``timeout`` s."""
         names = "-name" if self.host is not None else "-sname"  # long names in a namespace
         result = subprocess.run(
-            self._argv([ERL_CALL, names, self.node, "-c", self.cookie, "-r", "-e"]),
+            self._argv([ERL_CALL, names, self.node, "-c", self.cookie, "-h", _caller(), "-e"]),
             input=_AS_JSON.replace("@EXPRESSION@", expression),
             capture_output=True,
             text=True,

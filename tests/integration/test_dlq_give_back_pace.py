@@ -52,6 +52,12 @@ NO_HELD_NODE = "rabbitmq-server is not installed" if not available() else cgroup
 needs_a_held_node = pytest.mark.skipif(NO_HELD_NODE is not None, reason=f"{NO_HELD_NODE}")
 
 CORES = 0.3  # the node's share of a core while it floods and gives back
+# The node group's weight (cpu.shares; a process outside any group weighs 1024). At the
+# default 1024 a busy machine gave the node less than its quota, so the quota never bit: the
+# suite on five workers, and by hand 24 busy loops beside the test (0 periods throttled, both
+# cases). This weight gets the node its quota whenever it can use it, so the quota is what
+# holds it back.
+SHARES = 64 * 1024
 LIMIT = 500  # messages a replay takes: acks in their hundreds, each a command
 STALLED_ACKS = 100  # acks sent to a stalled leader: past the 32 a channel keeps unapplied
 # The stalled leader resumed this long after the give back starts (by the node: a resume
@@ -66,6 +72,7 @@ def held_node(tmp_path: Path) -> Iterator[tuple[RabbitNode, CpuLimit]]:
         assert node.proc is not None
         limit = CpuLimit(None, f"pace-{uuid.uuid4().hex[:8]}")
         try:
+            limit.set_shares(SHARES)
             limit.add(node.proc.pid)
             yield node, limit
         finally:

@@ -167,3 +167,20 @@ def test_an_exclusive_test_goes_to_its_rigs_lane_or_the_one_of_the_rest() -> Non
         # the module is there and holds a test marked exclusive (a rename would drop it from
         # the rig's lane without a word)
         assert "exclusive(" in (ROOT / module).read_text(), module
+
+
+def test_the_docs_give_the_number_of_workers_the_makefile_runs() -> None:
+    """README.md and CONTRIBUTING.md state make test's workers; the Makefile's default is what
+    runs (five since four left the cores idle while every worker waited)."""
+    (line,) = [
+        line
+        for line in (ROOT / "Makefile").read_text().splitlines()
+        if line.startswith("TEST_JOBS ?=")
+    ]
+    jobs = int(line.split("?=")[1])
+    words = {4: "four", 5: "five", 6: "six"}
+    assert (
+        f"tests on {words[jobs]} workers side by side (`TEST_JOBS`)"
+        in (ROOT / "README.md").read_text()
+    )
+    assert f"`TEST_JOBS` ({jobs}) pytest-xdist workers" in (ROOT / "CONTRIBUTING.md").read_text()

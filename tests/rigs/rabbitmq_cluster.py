@@ -134,13 +134,16 @@ class RabbitCluster:
 
     def _join(self) -> None:
         seed, others = self.nodes[0], self.nodes[1:]
-        # stop_app and start_app may run side by side; join_cluster one at a time, since each
-        # one changes the seed's cluster membership
+        # stop_app may run side by side; join_cluster one at a time, since each one changes
+        # the seed's cluster membership; start_app one at a time too: two joined nodes started
+        # at once negotiated with the seed's Mnesia together, and one crashed its
+        # mnesia_monitor (tests/unit/test_rig_join.py)
         _parallel(others, lambda n: n.erl_ok("rabbit:stop()"))
         for node in others:
             node.erl_ok(f"rabbit_mnesia:join_cluster('{seed.node}', disc)")
         # rabbit:start() returns once the app has booted: no await_startup round needed
-        _parallel(others, lambda n: n.erl_ok("rabbit:start()", timeout=120))
+        for node in others:
+            node.erl_ok("rabbit:start()", timeout=120)
         members = set(self.cluster_running_nodes())
         expected = {n.node for n in self.nodes}
         if members != expected:

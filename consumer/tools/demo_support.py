@@ -3,13 +3,45 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import socket
 import sys
 import time
+from pathlib import Path
+
+# The demo's roles get ports from here, below the kernel's range for port 0 (Linux's default
+# ip_local_port_range starts at 32768). A port the kernel gave for port 0 and that we closed
+# again can go to the next process that binds port 0 before our role binds it: another
+# process's health server then answers our readiness probe. Here only a process asking for that
+# very port can take it. The range leaves out 5790-5799, 25790-25799 and 9464.
+PICK_FROM = range(10_000, 25_000)
+_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for port 0 (65536 where it cannot be read)."""
+    try:
+        return int(_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 65_536
+
+
+def _candidate(candidates: range) -> int:
+    return candidates[secrets.randbelow(len(candidates))]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A local port that is free now, for a role the demo starts."""
+    candidates = range(PICK_FROM.start, min(PICK_FROM.stop, _ephemeral_low()))
+    for _ in range(200 if candidates else 0):
+        port = _candidate(candidates)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken: another
+            return port
+    with socket.socket() as s:  # a kernel whose range starts below ours: let it choose
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -2470,6 +2470,28 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/cluster/test_rigs.py::test_questions_asked_of_one_node_at_once_all_answer",),
     ),
     Mutant(
+        name="rig-starts-its-joined-nodes-together",
+        path="tests/rigs/rabbitmq_cluster.py",
+        old='        for node in others:\n            node.erl_ok("rabbit:start()", timeout=120)\n',
+        new='        _parallel(others, lambda n: n.erl_ok("rabbit:start()", timeout=120))\n',
+        promise=NODE_LOSS,
+        tests=(
+            "tests/unit/test_rig_join.py::test_joined_nodes_start_one_at_a_time_after_every_join",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="demo-ports-from-the-kernels-range",
+        path="consumer/tools/demo_support.py",
+        old="candidates = range(PICK_FROM.start, min(PICK_FROM.stop, _ephemeral_low()))",
+        new="candidates = range(0)",
+        promise=PRODUCER,
+        tests=(
+            "tests/unit/test_demo_ports.py::test_the_ports_are_below_the_kernels_range_and_free",
+        ),
+        fast=True,
+    ),
+    Mutant(
         name="publisher-forgets-a-failed-chunks-ids",
         path="tests/cluster/traffic.py",
         old="                    self.unconfirmed[record_type] |= ids\n",

@@ -29,6 +29,7 @@ from hypothesis import settings as hypothesis_settings
 
 from bulk_recorder.infra.metrics import Metrics
 from consumer.app import Recorder
+from consumer.tools import demo_support
 from consumer.topology import Topology, declare_topology, delete_topology
 from settings import Settings, load_settings
 from tests.compiled import stale_builds
@@ -414,9 +415,10 @@ def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, below the kernel's range for port 0 (consumer/tools/demo_support.py):
+    one the kernel gave and we closed could go to another test's role that binds port 0
+    before ours binds it."""
+    return demo_support.free_port()
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from consumer.tools import demo_support
+
 if TYPE_CHECKING:
     from tests.rigs.netns import Host
 
@@ -90,11 +92,10 @@ _RESULT = re.compile(r'^\{ok, "([0-9A-F]*)"\}\s*$')
 
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1, outside the ranges reserved for other checks."""
+    """A free TCP port on 127.0.0.1, outside the ranges reserved for other checks and below
+    the kernel's range for port 0 (consumer/tools/demo_support.py)."""
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = demo_support.free_port()
         if port not in _RESERVED:
             return port
 

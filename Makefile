@@ -93,7 +93,7 @@ release: $(STAMP)
 # different pair each day) that the tests named for their promise must still kill.
 # JUNIT=/tmp/suite writes /tmp/suite-side-by-side.xml and /tmp/suite-alone.xml
 # (python -m tests.durations reads both).
-TEST_JOBS ?= 5
+TEST_JOBS ?= 4
 JUNIT ?=
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider
 SIDE_BY_SIDE = -n $(TEST_JOBS) --dist loadgroup -m "not exclusive" $(if $(JUNIT),--junitxml=$(JUNIT)-side-by-side.xml)

@@ -171,7 +171,7 @@ def test_an_exclusive_test_goes_to_its_rigs_lane_or_the_one_of_the_rest() -> Non
 
 def test_the_docs_give_the_number_of_workers_the_makefile_runs() -> None:
     """README.md and CONTRIBUTING.md state make test's workers; the Makefile's default is what
-    runs (five since four left the cores idle while every worker waited)."""
+    runs."""
     (line,) = [
         line
         for line in (ROOT / "Makefile").read_text().splitlines()

@@ -55,8 +55,9 @@ CORES = 0.3  # the node's share of a core while it floods and gives back
 # The node group's weight (cpu.shares; a process outside any group weighs 1024). At the
 # default 1024 a busy machine gave the node less than its quota, so the quota never bit: the
 # suite on five workers, and by hand 24 busy loops beside the test (0 periods throttled, both
-# cases). This weight gets the node its quota whenever it can use it, so the quota is what
-# holds it back.
+# cases). This weight gets the node its quota whenever it can use it. It is not enough on a
+# saturated machine: a shuffled run on five workers still saw 0 periods throttled (the
+# flooders, outside any group, starve too); make test runs four workers.
 SHARES = 64 * 1024
 LIMIT = 500  # messages a replay takes: acks in their hundreds, each a command
 STALLED_ACKS = 100  # acks sent to a stalled leader: past the 32 a channel keeps unapplied

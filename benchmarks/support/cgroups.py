@@ -77,9 +77,10 @@ class CpuLimit:
         """Argv to put before a command so that it runs in the group from its first instruction."""
         return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.group)]
 
-    def add(self, pid: int) -> list[int]:
-        """Move a running process and its descendants (their every thread) into the group."""
-        moved = [pid, *_descendants(pid)]
+    def add(self, pid: int, *, descendants: bool = True) -> list[int]:
+        """Move a running process (its every thread) into the group, with its descendants
+        unless told not to."""
+        moved = [pid, *(_descendants(pid) if descendants else [])]
         for each in moved:
             with contextlib.suppress(ProcessLookupError, OSError):
                 (self.group / "cgroup.procs").write_text(str(each))

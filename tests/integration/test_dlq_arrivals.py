@@ -20,6 +20,7 @@ import aio_pika
 import aiormq
 import pytest
 
+from benchmarks.support.cgroups import CpuLimit
 from consumer.delivery import ERROR_HEADER
 from consumer.tools import dlq_pass
 from consumer.tools.dlq import discard_dlq, inspect_dlq, replay_dlq
@@ -561,15 +562,19 @@ class Flooders:
         return [int((await process.communicate())[0]) for process in self.processes]
 
 
-def flooding(broker: Broker) -> contextlib.AbstractAsyncContextManager[Flooders]:
-    return flooding_at(broker.url, broker.topology.dead_letter_exchange)
+def flooding(
+    broker: Broker, group: CpuLimit | None = None
+) -> contextlib.AbstractAsyncContextManager[Flooders]:
+    return flooding_at(broker.url, broker.topology.dead_letter_exchange, group)
 
 
 @contextlib.asynccontextmanager
-async def flooding_at(url: str, exchange: str) -> AsyncIterator[Flooders]:
+async def flooding_at(
+    url: str, exchange: str, group: CpuLimit | None = None
+) -> AsyncIterator[Flooders]:
     """Flooders publishing to ``exchange`` at ``url`` (at full speed: not under
-    PYTHONASYNCIODEBUG, which the test itself may run under); any still running at the end is
-    killed."""
+    PYTHONASYNCIODEBUG, which the test itself may run under), in ``group`` if one is given;
+    any still running at the end is killed."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONASYNCIODEBUG"}
     flooders = Flooders()
     try:
@@ -586,6 +591,8 @@ async def flooding_at(url: str, exchange: str) -> AsyncIterator[Flooders]:
                 env=env,
             )
             flooders.processes.append(process)
+            if group is not None:
+                group.add(process.pid)
         for process in flooders.processes:
             assert process.stdout is not None
             assert await asyncio.wait_for(process.stdout.readline(), 30) == b"ready\n"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -52,12 +53,13 @@ NO_HELD_NODE = "rabbitmq-server is not installed" if not available() else cgroup
 needs_a_held_node = pytest.mark.skipif(NO_HELD_NODE is not None, reason=f"{NO_HELD_NODE}")
 
 CORES = 0.3  # the node's share of a core while it floods and gives back
-# The node group's weight (cpu.shares; a process outside any group weighs 1024). At the
-# default 1024 a busy machine gave the node less than its quota, so the quota never bit: the
-# suite on five workers, and by hand 24 busy loops beside the test (0 periods throttled, both
-# cases). This weight gets the node its quota whenever it can use it. It is not enough on a
-# saturated machine: a shuffled run on five workers still saw 0 periods throttled (the
-# flooders, outside any group, starve too); make test runs four workers.
+# The weight (cpu.shares) of the node's group and of the rest of the test's (a process outside
+# any group weighs 1024). At 1024, a busy machine gave the node less than its quota, or the
+# flooders too little to fill it, so the quota never bit: 0 periods throttled in make test on
+# five workers, twice, once with the node weighted and the flooders not. Weighted, the node
+# gets its quota and the flooders the CPU to fill it, and the command the CPU to give back as
+# on a quiet machine (unweighted beside 48 busy loops, the flood grew to 155,640 while it did),
+# whatever else runs.
 SHARES = 64 * 1024
 LIMIT = 500  # messages a replay takes: acks in their hundreds, each a command
 STALLED_ACKS = 100  # acks sent to a stalled leader: past the 32 a channel keeps unapplied
@@ -81,6 +83,19 @@ def held_node(tmp_path: Path) -> Iterator[tuple[RabbitNode, CpuLimit]]:
 
 
 @pytest.fixture
+def flood_group(held_node: tuple[RabbitNode, CpuLimit]) -> Iterator[CpuLimit]:
+    """The rest of the test, weighted, with no quota: this process (not its node, a child of
+    it), and the flooders as they start."""
+    group = CpuLimit(None, f"flood-{uuid.uuid4().hex[:8]}")
+    try:
+        group.set_shares(SHARES)
+        group.add(os.getpid(), descendants=False)
+        yield group
+    finally:
+        group.close()
+
+
+@pytest.fixture
 async def node_broker(held_node: tuple[RabbitNode, CpuLimit], topology) -> AsyncIterator[Broker]:
     node, _ = held_node
     broker = Broker(node.url, topology)
@@ -95,6 +110,7 @@ async def test_a_flood_on_a_broker_held_to_its_quota_keeps_the_dlq_in_its_order(
     make_settings,
     held_node: tuple[RabbitNode, CpuLimit],
     node_broker: Broker,
+    flood_group: CpuLimit,
     monkeypatch: pytest.MonkeyPatch,
     command: str,
 ) -> None:
@@ -109,7 +125,9 @@ async def test_a_flood_on_a_broker_held_to_its_quota_keeps_the_dlq_in_its_order(
     before = limit.throttling()
     give_backs = 0
     out = io.StringIO()
-    async with flooding(node_broker) as flooders:
+    async with flooding(node_broker, flood_group) as flooders:
+        weighted = set(flood_group.pids())
+        assert {os.getpid(), *(p.pid for p in flooders.processes)} <= weighted
 
         async def give_back(kept: dlq_pass.Kept) -> None:
             nonlocal give_backs

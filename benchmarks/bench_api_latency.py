@@ -58,10 +58,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.support.cgroups import CpuLimit
 from benchmarks.support.env import rabbitmq_url, use_uvloop
 from benchmarks.support.machine import cpu_seconds, facts_table, machine_facts, rss_mib
-from benchmarks.support.recorder import free_port
 from benchmarks.support.services import temp_database, temp_topology
 from benchmarks.support.stats import emit, progress, save_json, table
 from bulk_recorder.producer.key_store import create_key
+from consumer.tools.demo_support import free_port
 from consumer.tools.generator import Generator
 from consumer.topology import Topology
 

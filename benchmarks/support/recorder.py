@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,13 +15,8 @@ from pathlib import Path
 
 from benchmarks.support.env import REPO, rabbitmq_url
 from benchmarks.support.machine import PgCpu, cpu_seconds, rss_mib
+from consumer.tools.demo_support import free_port
 from consumer.topology import Topology
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -9,6 +9,7 @@ very port can take it.
 
 from __future__ import annotations
 
+import importlib
 import socket
 from pathlib import Path
 
@@ -47,3 +48,9 @@ def test_the_ports_kept_clear_on_this_machine_are_never_picked() -> None:
     # the black-box checks' ports (5790-5799, 25790-25799, 9464) lie outside the range
     for port in (*range(5790, 5800), *range(25790, 25800), 9464):
         assert port not in demo_support.PICK_FROM
+
+
+@pytest.mark.parametrize("module", ["benchmarks.support.recorder", "benchmarks.bench_api_latency"])
+def test_the_benchmarks_roles_take_their_ports_from_the_same_helper(module: str) -> None:
+    # they took port 0 from the kernel, with the same race as the demo's
+    assert importlib.import_module(module).free_port is demo_support.free_port

@@ -127,7 +127,12 @@ hypothesis_settings.load_profile("mutants" if os.environ.get(MUTANT_RUN_ENV) els
 
 def pytest_configure(config: pytest.Config) -> None:
     """The commands and roles the tests start are forked from a server that has imported
-    them (tests/role_server.py; TEST_ROLE_SERVER=off starts them as before)."""
+    them (tests/role_server.py; TEST_ROLE_SERVER=off starts them as before). Every worker,
+    and every suite side by side on the machine, hands out ports through one folder, so that
+    two never pick the same one (consumer/tools/demo_support.py); the server inherits it."""
+    from tests.suite_lock import lock_dir  # a plugin (pytest_plugins): imported once it is
+
+    demo_support.share_ports_through(lock_dir() / "ports")
     install_role_server()
 
 

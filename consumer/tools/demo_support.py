@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import os
 import secrets
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # The demo's roles get ports from here, below the kernel's range for port 0 (Linux's default
@@ -16,6 +20,21 @@ from pathlib import Path
 # very port can take it. The range leaves out 5790-5799, 25790-25799 and 9464.
 PICK_FROM = range(10_000, 25_000)
 _RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+# A port is free until the role it was picked for binds it: seconds later for a RabbitMQ node.
+# Two processes side by side that draw the same number both find it free. With a shared folder,
+# a port handed out is not handed out again, by any process that shares it, for KEPT_S.
+KEPT_S = 600.0
+_registry: Path | None = None
+
+
+def share_ports_through(folder: Path) -> None:
+    """Record the ports this process hands out under ``folder`` (one empty file each, its
+    mtime the time), and pass over those any process recorded there in the last KEPT_S: for
+    processes that pick ports side by side on one machine, as the test suite's workers do."""
+    global _registry
+    _registry = folder
 
 
 def _ephemeral_low() -> int:
@@ -30,17 +49,43 @@ def _candidate(candidates: range) -> int:
     return candidates[secrets.randbelow(len(candidates))]
 
 
+@contextlib.contextmanager
+def _handing_out() -> Iterator[Callable[[int], bool]]:
+    """A check that takes a port for this process, false if another picker has it (under the
+    folder's lock, so two processes never take one port)."""
+    if _registry is None:
+        yield lambda port: True
+        return
+    _registry.mkdir(parents=True, exist_ok=True)
+    with (_registry / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+
+        def take(port: int) -> bool:
+            assert _registry is not None
+            record = _registry / str(port)
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - record.stat().st_mtime < KEPT_S:
+                    return False  # handed out lately, maybe not bound yet
+            record.touch()
+            os.utime(record)  # an old record's time is now
+            return True
+
+        yield take
+
+
 def free_port() -> int:
     """A local port that is free now, for a role the demo starts."""
     candidates = range(PICK_FROM.start, min(PICK_FROM.stop, _ephemeral_low()))
-    for _ in range(200 if candidates else 0):
-        port = _candidate(candidates)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue  # taken: another
-            return port
+    with _handing_out() as take:
+        for _ in range(200 if candidates else 0):
+            port = _candidate(candidates)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # taken: another
+            if take(port):
+                return port
     with socket.socket() as s:  # a kernel whose range starts below ours: let it choose
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

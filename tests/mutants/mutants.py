@@ -2492,6 +2492,29 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        name="ports-handed-out-again-while-kept",
+        path="consumer/tools/demo_support.py",
+        old="                    return False  # handed out lately, maybe not bound yet\n",
+        new="                    return True\n",
+        promise=PRODUCER,
+        tests=(
+            "tests/unit/test_demo_ports.py::"
+            "test_a_port_another_process_picked_is_not_handed_out_again",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        name="ports-kept-a-minute-only",
+        path="consumer/tools/demo_support.py",
+        old="KEPT_S = 600.0\n",
+        new="KEPT_S = 60.0\n",
+        promise=PRODUCER,
+        tests=(
+            "tests/unit/test_demo_ports.py::test_a_port_is_handed_out_again_once_kept_long_enough",
+        ),
+        fast=True,
+    ),
+    Mutant(
         name="publisher-forgets-a-failed-chunks-ids",
         path="tests/cluster/traffic.py",
         old="                    self.unconfirmed[record_type] |= ids\n",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import os
 import secrets
 import socket
 import sys
@@ -34,6 +33,7 @@ def share_ports_through(folder: Path) -> None:
     mtime the time), and pass over those any process recorded there in the last KEPT_S: for
     processes that pick ports side by side on one machine, as the test suite's workers do."""
     global _registry
+    folder.mkdir(parents=True, exist_ok=True)
     _registry = folder
 
 
@@ -53,21 +53,19 @@ def _candidate(candidates: range) -> int:
 def _handing_out() -> Iterator[Callable[[int], bool]]:
     """A check that takes a port for this process, false if another picker has it (under the
     folder's lock, so two processes never take one port)."""
-    if _registry is None:
+    folder = _registry
+    if folder is None:
         yield lambda port: True
         return
-    _registry.mkdir(parents=True, exist_ok=True)
-    with (_registry / ".lock").open("a") as lock:
+    with (folder / ".lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
 
         def take(port: int) -> bool:
-            assert _registry is not None
-            record = _registry / str(port)
+            record = folder / str(port)
             with contextlib.suppress(FileNotFoundError):
                 if time.time() - record.stat().st_mtime < KEPT_S:
                     return False  # handed out lately, maybe not bound yet
-            record.touch()
-            os.utime(record)  # an old record's time is now
+            record.touch()  # an old record's time becomes now
             return True
 
         yield take

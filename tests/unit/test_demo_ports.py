@@ -68,7 +68,8 @@ def test_the_benchmarks_roles_take_their_ports_from_the_same_helper(module: str)
 def _registry_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Each test here hands out ports through a folder of its own (the suite's comes back after
     it): the ports other tests handed out lately are no part of what it checks."""
-    monkeypatch.setattr(demo_support, "_registry", tmp_path / "ports")
+    monkeypatch.setattr(demo_support, "_registry", None)
+    demo_support.share_ports_through(tmp_path / "ports")
 
 
 def _draws(monkeypatch: pytest.MonkeyPatch, ports: list[int]) -> None:
@@ -100,9 +101,8 @@ def test_a_port_another_process_picked_is_not_handed_out_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     start = demo_support.PICK_FROM.start
-    monkeypatch.setattr(demo_support, "_ephemeral_low", lambda: 65_536)
+    _draws(monkeypatch, [start + 11, start + 12])  # the child draws its own first
     assert _pick_in_a_child(tmp_path, start + 11) == start + 11  # picked, never bound
-    _draws(monkeypatch, [start + 11, start + 12])
     demo_support.share_ports_through(tmp_path)
     assert free_port() == start + 12
 
